@@ -1,0 +1,2 @@
+def register() -> None:
+    """Placeholder: filled in by the plugin work."""
