@@ -1,2 +1,66 @@
+"""vLLM general plugin: our fixes for vLLM LoRA defects that upstream has not merged yet.
+
+vLLM calls `register()` in every process it starts (entry point group `vllm.general_plugins`,
+filtered by `VLLM_PLUGINS`), possibly more than once. vLLM logs and ignores a plugin that fails to
+import but lets an exception from `register()` stop start-up, so this module imports nothing
+heavy and `register()` raises instead of skipping a fix it cannot apply.
+"""
+
+import logging
+
+# The fixes are written against vLLM 0.32.x code; a new minor needs them re-checked (and may carry
+# the upstream fixes: vllm-project/vllm PRs 48421, 49656).
+SUPPORTED_VLLM_MINOR = (0, 32)
+
+# A child of vLLM's "vllm" logger, so the line goes through vLLM's handler and is printed with
+# the other start-up lines of each process (plain loggers here have no handler).
+logger = logging.getLogger("vllm.plugins.lora_serving")
+
+
+def installed_vllm_version() -> str:
+    from vllm.version import __version__
+
+    return __version__
+
+
+def check_vllm_version(version: str) -> None:
+    """Raise RuntimeError unless `version` is a vLLM release the fixes were written for."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        minor = Version(version).release[:2]
+    except InvalidVersion:
+        minor = None
+    if minor != SUPPORTED_VLLM_MINOR:
+        supported = ".".join(map(str, SUPPORTED_VLLM_MINOR))
+        raise RuntimeError(
+            f"lora_serving's vLLM plugin supports vLLM {supported}.x, found {version!r}. "
+            "Re-check the patches in lora_serving/vllm_plugin against this vLLM (are upstream "
+            "PRs 48421/49656 merged?) before changing SUPPORTED_VLLM_MINOR, or set VLLM_PLUGINS "
+            "to leave this plugin out."
+        )
+
+
 def register() -> None:
-    """Placeholder: filled in by the plugin work."""
+    """Apply every fix the current platform needs; a no-op when they are already applied."""
+    version = installed_vllm_version()
+    check_vllm_version(version)
+
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        logger.info(
+            "lora_serving plugin (vLLM %s): nothing to apply on %s",
+            version,
+            current_platform.device_name,
+        )
+        return
+
+    from . import cpu_no_lora_index
+
+    if cpu_no_lora_index.apply():
+        logger.info(
+            "lora_serving plugin (vLLM %s): applied cpu_no_lora_index, CPU LoRA ops give rows "
+            "without an adapter (index -1) zero delta",
+            version,
+        )

@@ -1,0 +1,54 @@
+"""Audio in any common form -> 16 kHz mono float32, what Whisper's feature extractor takes.
+
+Decoding is libsndfile's (soundfile: wav, flac, ogg/vorbis, mp3), resampling soxr's (the
+high-quality resampler also used by librosa), so neither is hand-written here.
+"""
+
+import io
+
+import numpy as np
+
+from lora_serving.errors import InvalidRequest
+
+WHISPER_SAMPLE_RATE = 16_000
+
+
+def decode_audio_file(data: bytes, *, max_seconds: float) -> tuple[np.ndarray, int]:
+    """Encoded file bytes -> (mono float32 samples, sample rate)."""
+    import soundfile
+
+    if not data:
+        raise InvalidRequest("audio_file is empty")
+    try:
+        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as err:
+        raise InvalidRequest(
+            f"audio_file could not be decoded (wav, flac, ogg/vorbis or mp3 expected): {err}"
+        ) from None
+    if samples.shape[0] > max_seconds * rate:
+        raise InvalidRequest(f"audio_file is longer than the {max_seconds:g} s limit")
+    return samples.mean(axis=1, dtype=np.float32), int(rate)
+
+
+def to_whisper_input(samples: np.ndarray, sample_rate: int, *, max_seconds: float) -> np.ndarray:
+    """Validate mono samples at any rate and resample to 16 kHz float32."""
+    if sample_rate <= 0:
+        raise InvalidRequest(f"sample_rate must be > 0, got {sample_rate}")
+    if samples.ndim != 1:
+        raise InvalidRequest(
+            f"audio must be 1-D mono samples per batch row, got shape {tuple(samples.shape)}"
+        )
+    if samples.size == 0:
+        raise InvalidRequest("audio is empty")
+    if not np.issubdtype(samples.dtype, np.floating):
+        raise InvalidRequest(f"audio must be float32 samples, got {samples.dtype}")
+    if not np.all(np.isfinite(samples)):
+        raise InvalidRequest("audio contains NaN or infinite samples")
+    if samples.size > max_seconds * sample_rate:
+        raise InvalidRequest(f"audio is longer than the {max_seconds:g} s limit")
+    samples = samples.astype(np.float32, copy=False)
+    if sample_rate != WHISPER_SAMPLE_RATE:
+        import soxr
+
+        samples = soxr.resample(samples, sample_rate, WHISPER_SAMPLE_RATE).astype(np.float32)
+    return samples

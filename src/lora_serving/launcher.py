@@ -1,0 +1,167 @@
+"""Start the tritonserver laid out by `make setup` with the environment its Python backend needs.
+
+Used by `make serve` and by the test suite, so both run the server the same way:
+- LD_LIBRARY_PATH: the venv's own libpython first (the backend stub embeds it), then the
+  libraries shipped with the server;
+- PATH: the venv first (the stub and vLLM's EngineCore start the first `python3` they find);
+- its own process group, so stopping it also stops every stub and EngineCore it started.
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TRITON_DIR = REPO_ROOT / ".triton"
+
+
+def server_environment() -> dict[str, str]:
+    env = dict(os.environ)
+    venv_bin = str(Path(sys.executable).parent)
+    libs = [sysconfig.get_config_var("LIBDIR"), str(TRITON_DIR / "lib")]
+    if env.get("LD_LIBRARY_PATH"):
+        libs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(libs)
+    env["PATH"] = f"{venv_bin}:{env.get('PATH', '')}"
+    env.setdefault("LC_ALL", "C.UTF-8")
+    env.setdefault("VLLM_PLUGINS", "lora_serving")  # our fixes on, hub-reaching plugins off
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    return env
+
+
+def server_command(
+    model_repository: Path, http: int, grpc: int, metrics: int, extra: list[str] = ()
+) -> list[str]:
+    binary = TRITON_DIR / "bin" / "tritonserver"
+    if not binary.exists():
+        raise SystemExit(f"{binary} is missing: run `make setup` first")
+    return [
+        str(binary),
+        f"--model-repository={model_repository}",
+        f"--backend-directory={TRITON_DIR / 'backends'}",
+        f"--cache-directory={TRITON_DIR / 'caches'}",
+        "--http-address=127.0.0.1",
+        f"--http-port={http}",
+        "--grpc-address=127.0.0.1",
+        f"--grpc-port={grpc}",
+        "--metrics-address=127.0.0.1",
+        f"--metrics-port={metrics}",
+        "--allow-metrics=true",
+        *extra,
+    ]
+
+
+class TritonServer:
+    """A running tritonserver (and everything it started); `stop()` leaves nothing behind."""
+
+    def __init__(
+        self,
+        model_repository: Path,
+        *,
+        http=8000,
+        grpc=8001,
+        metrics=8002,
+        extra_args: list[str] = (),
+        log_path: Path | None = None,
+    ):
+        self.http, self.grpc, self.metrics = http, grpc, metrics
+        self.log_path = log_path
+        self._log = open(log_path, "wb") if log_path else None  # noqa: SIM115 - lives with server
+        self.process = subprocess.Popen(
+            server_command(model_repository, http, grpc, metrics, list(extra_args)),
+            env=server_environment(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT if self._log else None,
+            start_new_session=True,
+        )
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.http}/v2/health/ready", timeout=2
+            ) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Seconds until ready; raises if the server exits or the time runs out."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"tritonserver exited with {self.process.returncode}" + self._log_hint()
+                )
+            if self.is_ready():
+                return time.monotonic() - start
+            time.sleep(1)
+        raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f} s" + self._log_hint())
+
+    def _log_hint(self) -> str:
+        return f"; see {self.log_path}" if self.log_path else ""
+
+    def stop(self, grace_s: float = 60.0) -> None:
+        """SIGTERM (Triton unloads models, engines shut down), then kill what is left."""
+        group = self.process.pid
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(group, signal.SIGKILL)  # orphaned stubs / EngineCores, if any
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        if self._log:
+            self._log.close()
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
+    parser.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    parser.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    parser.add_argument(
+        "--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002))
+    )
+    parser.add_argument("extra", nargs="*", help="more tritonserver arguments (after --)")
+    args = parser.parse_args(argv)
+    server = TritonServer(
+        args.model_repository.resolve(),
+        http=args.http_port,
+        grpc=args.grpc_port,
+        metrics=args.metrics_port,
+        extra_args=args.extra,
+    )
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
+    try:
+        seconds = server.wait_ready(timeout_s=900)
+        print(
+            f"\ntritonserver ready in {seconds:.0f} s: HTTP 127.0.0.1:{args.http_port}, "
+            f"gRPC 127.0.0.1:{args.grpc_port}, metrics 127.0.0.1:{args.metrics_port}/metrics. "
+            "Ctrl-C stops it.",
+            flush=True,
+        )
+        server.process.wait()
+    except KeyboardInterrupt:
+        print("\nstopping tritonserver ...", flush=True)
+    finally:
+        server.stop()
+    return server.process.returncode or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

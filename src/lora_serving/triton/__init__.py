@@ -1,0 +1,1 @@
+"""Triton Python backend glue: the only package that imports triton_python_backend_utils."""
