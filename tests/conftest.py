@@ -1,0 +1,92 @@
+"""Shared fixtures: the demo models, espeak-ng speech, and ONE real tritonserver per test run."""
+
+import os
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "demo_models"
+
+
+def pytest_configure(config):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+@pytest.fixture(scope="session")
+def demo_models() -> Path:
+    """Built by `make setup`; a missing model is a failure, never a skip."""
+    needed = [
+        "whisper-base",
+        "whisper-adapters/alpha",
+        "whisper-adapters/beta",
+        "qwen2-vl-tiny",
+        "qwen2-vl-adapters/alpha",
+        "qwen2-vl-adapters/beta",
+        "qwen2_5-vl-tiny",
+        "qwen2_5-vl-adapters/alpha",
+        "qwen2_5-vl-adapters/beta",
+    ]
+    missing = [name for name in needed if not (DEMO / name).is_dir()]
+    assert not missing, f"demo models missing {missing}: run `make setup`"
+    return DEMO
+
+
+@pytest.fixture(scope="session")
+def speech(tmp_path_factory):
+    """Synthesise English sentences with espeak-ng (a missing espeak-ng fails the test)."""
+    assert shutil.which("espeak-ng"), "espeak-ng is not installed: run `make setup`"
+    folder = tmp_path_factory.mktemp("speech")
+
+    def make(text: str, voice: str = "en-us", speed: int = 150) -> Path:
+        path = folder / f"{abs(hash((text, voice, speed)))}.wav"
+        if not path.exists():
+            subprocess.run(
+                ["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(path), text],
+                check=True,
+                capture_output=True,
+            )
+        return path
+
+    return make
+
+
+def load_16k(path: Path) -> np.ndarray:
+    """The same decode + resample the server does, so references see identical samples."""
+    from lora_serving.audio import decode_audio_file, to_whisper_input
+
+    samples, rate = decode_audio_file(path.read_bytes(), max_seconds=30)
+    return to_whisper_input(samples, rate, max_seconds=30)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def triton_server(demo_models, tmp_path_factory):
+    """The one tritonserver of this test run, serving model_repository/ as users start it."""
+    from lora_serving.launcher import TritonServer
+
+    log_path = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    server = TritonServer(
+        REPO / "model_repository",
+        http=_free_port(),
+        grpc=_free_port(),
+        metrics=_free_port(),
+        log_path=log_path,
+    )
+    try:
+        seconds = server.wait_ready(timeout_s=900)
+        print(f"\ntritonserver ready in {seconds:.0f} s (log: {log_path})")
+        yield server
+    finally:
+        server.stop()
+        print(f"tritonserver log: {log_path}")

@@ -1,0 +1,55 @@
+import numpy as np
+import pytest
+
+from lora_serving.errors import InvalidRequest
+from lora_serving.request_inputs import RawRequest
+
+
+def test_typed_accessors_per_row():
+    raw = RawRequest(
+        {
+            "text": np.array([[b"hi"], ["h\xe9".encode()]], dtype=object),
+            "flag": np.array([[True], [False]]),
+            "rate": np.array([[16000], [8000]], dtype=np.int32),
+        }
+    )
+    assert raw.batch_size == 2
+    assert raw.string("text", 1) == "h\xe9"
+    assert raw.boolean("flag", 1, default=True) is False
+    assert raw.integer("rate", 1, default=None) == 8000
+    assert raw.string("missing", 0, default="d") == "d"
+
+
+@pytest.mark.parametrize(
+    "tensors, call, message",
+    [
+        (
+            {"t": np.array([[b"\xff\xfe"]], dtype=object)},
+            lambda r: r.string("t", 0),
+            "input 't' is not valid UTF-8",
+        ),
+        (
+            {"t": np.array([[b"a", b"b"]], dtype=object)},
+            lambda r: r.string("t", 0),
+            "exactly one string",
+        ),
+        (
+            {"f": np.array([[1]], dtype=np.int32)},
+            lambda r: r.boolean("f", 0, False),
+            "must be TYPE_BOOL",
+        ),
+        (
+            {"n": np.array([[1.5]], dtype=np.float32)},
+            lambda r: r.integer("n", 0, None),
+            "must be an integer",
+        ),
+        (
+            {"a": np.zeros((1, 2)), "b": np.zeros((2, 2))},
+            lambda r: r.batch_size,
+            "disagree on the batch dimension",
+        ),
+    ],
+)
+def test_bad_inputs_are_named(tensors, call, message):
+    with pytest.raises(InvalidRequest, match=message):
+        call(RawRequest(tensors))
