@@ -4,6 +4,8 @@ Decoding is libsndfile's (soundfile: wav, flac, ogg/vorbis, mp3), resampling sox
 high-quality resampler also used by librosa), so neither is hand-written here.
 """
 
+import base64
+import binascii
 import io
 
 import numpy as np
@@ -11,6 +13,8 @@ import numpy as np
 from lora_serving.errors import InvalidRequest
 
 WHISPER_SAMPLE_RATE = 16_000
+# wav, flac, ogg, mp3 with an ID3 tag, bare mp3 frames
+_CONTAINER_MAGIC = (b"RIFF", b"fLaC", b"OggS", b"ID3", b"\xff\xfb", b"\xff\xf3", b"\xff\xf2")
 
 
 def decode_audio_file(data: bytes, *, max_seconds: float) -> tuple[np.ndarray, int]:
@@ -19,6 +23,12 @@ def decode_audio_file(data: bytes, *, max_seconds: float) -> tuple[np.ndarray, i
 
     if not data:
         raise InvalidRequest("audio_file is empty")
+    if not data.startswith(_CONTAINER_MAGIC):
+        # HTTP/JSON clients (Triton's generate endpoint) can only send text: accept base64.
+        try:
+            data = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            pass  # not base64 either: let libsndfile say what is wrong
     try:
         samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as err:

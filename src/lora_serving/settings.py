@@ -38,6 +38,9 @@ class EngineSettings:
     serving: ServingOptions
     model_dir: Path  # the folder holding model.json (Triton's 1/)
 
+    def with_engine_args(self, extra: dict[str, Any]) -> "EngineSettings":
+        return dataclasses.replace(self, engine_args={**self.engine_args, **extra})
+
     @property
     def lora_enabled(self) -> bool:
         return bool(self.engine_args.get("enable_lora", False))

@@ -36,9 +36,7 @@ from transformers import (
     AutoModelForImageTextToText,
     GenerationConfig,
     Qwen2_5_VLConfig,
-    Qwen2_5_VLForConditionalGeneration,
     Qwen2VLConfig,
-    Qwen2VLForConditionalGeneration,
     Qwen2VLImageProcessor,
     Qwen2VLVideoProcessor,
 )
@@ -97,8 +95,9 @@ MROPE_SECTION = [8, 12, 12]  # temporal/height/width rotary pairs; sums to head_
 VISION_EMBED_DIM = 64
 VISION_NUM_HEADS = 2  # vision head_dim 32
 VISION_DEPTH = 2
-# Several times the usual 0.02, so that the image and the earlier context, not just the last
-# token, decide the next token; otherwise vision-side LoRA barely reaches the output.
+# Five times the usual 0.02. At 0.02 the tied embeddings make the base model echo its last token
+# ("\n" forever) whatever the image, with near-uniform logits that invite argmax ties between
+# vLLM and the reference; at 0.1 the image changes the output and logits are decisive.
 DEMO_INITIALIZER_RANGE = 0.1
 
 PATCH_SIZE = 14
@@ -107,7 +106,7 @@ TEMPORAL_PATCH_SIZE = 2
 PIXELS_PER_TOKEN = (PATCH_SIZE * MERGE_SIZE) ** 2
 IMAGE_MIN_PIXELS = 4 * PIXELS_PER_TOKEN  # upstream's 56 * 56
 IMAGE_MAX_PIXELS = 64 * PIXELS_PER_TOKEN  # at most 64 tokens per image (224 x 224)
-VIDEO_MAX_PIXELS = 16 * PIXELS_PER_TOKEN  # per frame pair; keeps vLLM's video profiling small
+VIDEO_MAX_PIXELS = 16 * PIXELS_PER_TOKEN  # at most 16 tokens per frame pair (112 x 112)
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
@@ -320,7 +319,7 @@ def _vision_config(variant: QwenVLVariant) -> dict:
     }
 
 
-def _model_config(variant: QwenVLVariant):
+def _model_config(variant: QwenVLVariant) -> Qwen2VLConfig | Qwen2_5_VLConfig:
     """The transformers config object of the tiny model."""
     config_class = Qwen2VLConfig if variant == "qwen2_vl" else Qwen2_5_VLConfig
     return config_class(
@@ -368,7 +367,7 @@ def _is_complete(directory: Path, required: Sequence[str]) -> bool:
     return all((directory / name).is_file() for name in required)
 
 
-def _publish(staging_dir: Path, out_dir: Path) -> None:
+def _publish(staging_dir: Path, out_dir: Path, required: Sequence[str]) -> None:
     """Move a fully written staging folder into place; if another process won, keep theirs."""
     staging_dir.chmod(0o755)  # mkdtemp makes it private; other workers read these files
     for path in staging_dir.iterdir():
@@ -377,8 +376,8 @@ def _publish(staging_dir: Path, out_dir: Path) -> None:
         os.rename(staging_dir, out_dir)
     except OSError:
         shutil.rmtree(staging_dir)
-        if not out_dir.is_dir():
-            raise
+        if not _is_complete(out_dir, required):
+            raise FileExistsError(f"{out_dir} exists but is incomplete; remove it") from None
 
 
 def build_qwen_vl_model(out_dir: Path, variant: QwenVLVariant, seed: int = 0) -> Path:
@@ -386,20 +385,16 @@ def build_qwen_vl_model(out_dir: Path, variant: QwenVLVariant, seed: int = 0) ->
     out_dir = Path(out_dir)
     if _is_complete(out_dir, MODEL_FILES):
         return out_dir
-    model_class = (
-        Qwen2VLForConditionalGeneration
-        if variant == "qwen2_vl"
-        else Qwen2_5_VLForConditionalGeneration
-    )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    torch.manual_seed(seed)
-    model = model_class(_model_config(variant)).to(torch.float32)
-    model.save_pretrained(staging_dir)
+    with torch.random.fork_rng():  # seed the init without touching the caller's RNG state
+        torch.manual_seed(seed)
+        model = AutoModelForImageTextToText.from_config(_model_config(variant))
+    model.to(torch.float32).save_pretrained(staging_dir)
     _save_generation_config(staging_dir)
     build_qwen_tokenizer(staging_dir)
     _save_processors(staging_dir)
-    _publish(staging_dir, out_dir)
+    _publish(staging_dir, out_dir, MODEL_FILES)
     return out_dir
 
 
@@ -468,7 +463,8 @@ def make_qwen_vl_adapters(
             continue
         out_root.mkdir(parents=True, exist_ok=True)
         staging_dir = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_root))
-        generator = torch.Generator().manual_seed(seed * 2**32 + zlib.crc32(name.encode()))
+        # torch's CPU generator keeps only 32 bits of a seed, so hash seed and name together.
+        generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
         save_file(_adapter_tensors(shapes, rank, generator), staging_dir / ADAPTER_FILES[1])
         config = LoraConfig(
             r=rank,
@@ -479,5 +475,5 @@ def make_qwen_vl_adapters(
             base_model_name_or_path=str(base_dir.resolve()),
         )
         config.save_pretrained(staging_dir)
-        _publish(staging_dir, adapter_dir)
+        _publish(staging_dir, adapter_dir, ADAPTER_FILES)
     return adapter_dirs

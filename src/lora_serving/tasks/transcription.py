@@ -1,6 +1,8 @@
 """Whisper speech-to-text: audio (samples or a file) + options -> decoder prompt + audio job."""
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +18,15 @@ from lora_serving.tasks.base import RowReader
 # One Whisper window; longer recordings are refused until windowed decoding exists.
 MAX_AUDIO_SECONDS = 30.0
 TASKS = ("transcribe", "translate")
+# vLLM's (packed) module names in each decoder layer that take LoRA.
+DECODER_LORA_MODULES = (
+    "self_attn.qkv_proj",
+    "self_attn.out_proj",
+    "encoder_attn.q_proj",
+    "encoder_attn.out_proj",
+    "mlp.fc1",
+    "mlp.fc2",
+)
 
 
 class TranscriptionTask:
@@ -37,6 +48,25 @@ class TranscriptionTask:
         self.special = {
             name: tokenizer.convert_tokens_to_ids(f"<|{name}|>")
             for name in ("startoftranscript", "startofprev", "notimestamps", *TASKS)
+        }
+
+    @staticmethod
+    def engine_overrides(settings: EngineSettings) -> dict[str, Any]:
+        """Restrict LoRA wrappers to the decoder modules adapters can target today.
+
+        vLLM 0.32 wraps every linear layer, the encoder's included; with an adapter active, the
+        encoder's wrappers apply a decoder-token mapping to 1500 frames per audio and the engine
+        dies (einsum size mismatch) as soon as a decoder prompt has more than one token.
+        """
+        if not settings.lora_enabled or "lora_target_modules" in settings.engine_args:
+            return {}
+        config = json.loads((Path(settings.engine_args["model"]) / "config.json").read_text())
+        return {
+            "lora_target_modules": [
+                f"model.decoder.layers.{layer}.{module}"
+                for layer in range(int(config["decoder_layers"]))
+                for module in DECODER_LORA_MODULES
+            ]
         }
 
     @staticmethod

@@ -37,6 +37,10 @@ class VisionChatTask:
         self.max_payload = settings.serving.max_payload_bytes
 
     @staticmethod
+    def engine_overrides(settings: EngineSettings) -> dict[str, Any]:
+        return {}
+
+    @staticmethod
     def adapter_module_check(settings: EngineSettings):
         """Vision-tower/merger weights need enable_tower_connector_lora, or they'd be ignored."""
         if settings.engine_args.get("enable_tower_connector_lora"):

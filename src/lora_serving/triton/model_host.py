@@ -63,6 +63,7 @@ class ModelHost:
         try:
             settings = EngineSettings.from_file(model_dir / "model.json")
             kind = task_class(task)
+            settings = settings.with_engine_args(kind.engine_overrides(settings))
             catalog = AdapterCatalog.from_multi_lora_json(
                 settings.multi_lora_path if settings.multi_lora_path.exists() else None,
                 enabled=settings.lora_enabled,
