@@ -8,18 +8,30 @@ import argparse
 import sys
 from pathlib import Path
 
-from lora_client.requests import TritonModelClient, transcription_inputs, vision_inputs
+from lora_client.requests import RequestError, send, transcription_fields, vision_fields
+
+DEFAULT_URL = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapter", help="LoRA adapter name (default: the base model)")
     parser.add_argument("--stream", action="store_true", help="print text as it is decoded")
-    parser.add_argument(
-        "--url", default=None, help="host:port (default 127.0.0.1:8001 gRPC, 127.0.0.1:8000 HTTP)"
-    )
+    parser.add_argument("--url", help="host:port (default 127.0.0.1:8001 for gRPC, :8000 HTTP)")
     parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
-    parser.add_argument("--max-tokens", type=int, default=None)
-    parser.add_argument("--model", default=None, help="Triton model name")
+    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--model", help="Triton model name")
+
+
+def _print_replies(replies, *, stream: bool, final_is_full_text: bool) -> None:
+    """Streamed replies carry deltas; whisper_lora's final one carries the whole text."""
+    for reply in replies:
+        text = reply.outputs.get("text_output", [""])[0]
+        if not stream:
+            print(text)
+        elif not reply.final:
+            print(text, end="", flush=True)
+        else:
+            print("" if final_is_full_text else text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,23 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     transcribe = commands.add_parser("transcribe", help="speech file(s) -> text (whisper_lora)")
     transcribe.add_argument("files", nargs="+", type=Path)
     transcribe.add_argument("--language", help="ISO 639-1 code; default: detect")
-    transcribe.add_argument("--task", choices=["transcribe", "translate"], default=None)
+    transcribe.add_argument("--task", choices=["transcribe", "translate"])
     _common(transcribe)
     describe = commands.add_parser("describe", help="image(s) + prompt -> text (qwen_vl_lora)")
     describe.add_argument("images", nargs="+", type=Path)
     describe.add_argument("--prompt", required=True)
     _common(describe)
     args = parser.parse_args(argv)
+    url = args.url or DEFAULT_URL[args.protocol]
 
-    url = args.url or ("127.0.0.1:8001" if args.protocol == "grpc" else "127.0.0.1:8000")
-    if args.stream and args.protocol == "http":
-        parser.error("--stream needs --protocol grpc")
-    client = TritonModelClient(url, args.protocol)
     try:
         if args.command == "transcribe":
             for path in args.files:
-                inputs = transcription_inputs(
-                    client.module,
+                fields = transcription_fields(
                     path,
                     language=args.language,
                     task=args.task,
@@ -53,38 +61,23 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 if len(args.files) > 1:
                     print(f"{path}: ", end="")
-                _run(
-                    client, args.model or "whisper_lora", inputs, ("text_output", "language"), args
+                replies = send(
+                    url, args.protocol, args.model or "whisper_lora", fields, adapter=args.adapter
                 )
+                _print_replies(replies, stream=args.stream, final_is_full_text=True)
         else:
             images = [path.read_bytes() for path in args.images]
-            inputs = vision_inputs(
-                client.module, args.prompt, images, stream=args.stream, max_tokens=args.max_tokens
+            fields = vision_fields(
+                args.prompt, images, stream=args.stream, max_tokens=args.max_tokens
             )
-            _run(
-                client,
-                args.model or "qwen_vl_lora",
-                inputs,
-                ("text_output",),
-                args,
-                final_is_full_text=False,
+            replies = send(
+                url, args.protocol, args.model or "qwen_vl_lora", fields, adapter=args.adapter
             )
-    except Exception as err:  # a CLI reports, it does not dump a traceback
+            _print_replies(replies, stream=args.stream, final_is_full_text=False)
+    except (RequestError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
-
-
-def _run(client, model, inputs, names, args, *, final_is_full_text: bool) -> None:
-    """Print replies; streamed ones carry deltas (whisper_lora's last one: the whole text)."""
-    for reply in client.infer(model, inputs, output_names=names, adapter=args.adapter):
-        text = reply.outputs.get("text_output", [""])[0]
-        if not args.stream:
-            print(text)
-        elif not reply.final:
-            print(text, end="", flush=True)
-        else:
-            print("" if final_is_full_text else text)
 
 
 if __name__ == "__main__":

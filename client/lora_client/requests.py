@@ -1,15 +1,33 @@
-"""Build tritonclient inputs for our two models and run them (gRPC streaming or HTTP).
+"""Send requests to our two models over gRPC (tritonclient) or HTTP (Triton's generate API).
 
-Both models are decoupled (they may stream), so gRPC goes through a bidirectional stream; HTTP
-works for non-streaming requests (Triton answers a decoupled model's single response over HTTP).
+A request is a dict of input name -> value (str, bytes, bool, int, a list of str/bytes, or a
+numpy array); `infer_inputs` turns it into tritonclient InferInputs with a batch dimension of 1.
+Both models are decoupled (they may stream). gRPC goes through tritonclient's bidirectional
+stream. Triton's HTTP `infer` endpoint refuses decoupled models, so HTTP uses Triton's generate
+extension (`/generate`, and `/generate_stream` with server-sent events): inputs are JSON fields,
+binary data (audio files, images) travels as base64, and request parameters such as
+`lora_name` go in "parameters".
 """
 
+import base64
 import json
 import queue
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+_DATATYPES = {
+    np.object_: "BYTES",
+    np.bool_: "BOOL",
+    np.int32: "INT32",
+    np.float32: "FP32",
+    np.float64: "FP64",
+    np.int64: "INT64",
+    np.uint8: "UINT8",
+}
 
 
 @dataclass
@@ -18,26 +36,39 @@ class Reply:
     final: bool
 
 
-def string_input(module, name: str, values: list) -> object:
-    data = np.array(
-        [[v if isinstance(v, bytes) else str(v).encode("utf-8")] for v in values], dtype=np.object_
-    )
-    tensor = module.InferInput(name, list(data.shape), "BYTES")
-    tensor.set_data_from_numpy(data)
-    return tensor
+class RequestError(RuntimeError):
+    """The server answered with an error; the message names the problem."""
 
 
-def array_input(module, name: str, data: np.ndarray) -> object:
-    datatype = {np.float32: "FP32", np.int32: "INT32", np.bool_: "BOOL", np.uint32: "UINT32"}[
-        data.dtype.type
-    ]
-    tensor = module.InferInput(name, list(data.shape), datatype)
-    tensor.set_data_from_numpy(data)
-    return tensor
+def as_batch_array(value) -> np.ndarray:
+    """A python value -> numpy array with a leading batch dimension of 1."""
+    if isinstance(value, np.ndarray):
+        return value if value.ndim > 1 else value[None, :]
+    if isinstance(value, list):
+        return np.array(
+            [[v if isinstance(v, bytes) else str(v).encode() for v in value]], dtype=np.object_
+        )
+    if isinstance(value, (str, bytes)):
+        return np.array([[value if isinstance(value, bytes) else value.encode()]], dtype=np.object_)
+    if isinstance(value, bool):
+        return np.array([[value]], dtype=np.bool_)
+    if isinstance(value, int):
+        return np.array([[value]], dtype=np.int32)
+    raise TypeError(f"cannot send a {type(value).__name__} as a tensor")
 
 
-def transcription_inputs(
-    module,
+def infer_inputs(module, fields: dict) -> list:
+    """Request fields -> InferInputs of `module` (tritonclient.grpc or tritonclient.http)."""
+    inputs = []
+    for name, value in fields.items():
+        data = as_batch_array(value)
+        item = module.InferInput(name, list(data.shape), _DATATYPES[data.dtype.type])
+        item.set_data_from_numpy(data)
+        inputs.append(item)
+    return inputs
+
+
+def transcription_fields(
     audio_file: Path | bytes,
     *,
     language=None,
@@ -45,101 +76,126 @@ def transcription_inputs(
     prompt=None,
     stream=False,
     max_tokens=None,
-) -> list:
+) -> dict:
     data = audio_file if isinstance(audio_file, bytes) else Path(audio_file).read_bytes()
-    inputs = [string_input(module, "audio_file", [data])]
+    fields = {"audio_file": data}
     for name, value in (("language", language), ("task", task), ("prompt", prompt)):
         if value:
-            inputs.append(string_input(module, name, [value]))
+            fields[name] = value
     if stream:
-        inputs.append(array_input(module, "stream", np.array([[True]])))
+        fields["stream"] = True
     if max_tokens:
-        inputs.append(
-            string_input(module, "sampling_parameters", [json.dumps({"max_tokens": max_tokens})])
-        )
-    return inputs
+        fields["sampling_parameters"] = json.dumps({"max_tokens": max_tokens})
+    return fields
 
 
-def vision_inputs(
-    module, prompt: str, images: list[bytes], *, stream=False, max_tokens=None, system_prompt=None
-) -> list:
-    inputs = [
-        string_input(module, "text_input", [prompt]),
-        array_input(module, "exclude_input_in_output", np.array([[True]])),
-    ]
+def vision_fields(
+    prompt: str, images: list[bytes], *, stream=False, max_tokens=None, system_prompt=None
+) -> dict:
+    fields = {"text_input": prompt, "exclude_input_in_output": True}
     if images:
-        data = np.array([images], dtype=np.object_)
-        tensor = module.InferInput("image", list(data.shape), "BYTES")
-        tensor.set_data_from_numpy(data)
-        inputs.append(tensor)
+        fields["image"] = list(images)
     if system_prompt:
-        inputs.append(string_input(module, "system_prompt", [system_prompt]))
+        fields["system_prompt"] = system_prompt
     if stream:
-        inputs.append(array_input(module, "stream", np.array([[True]])))
+        fields["stream"] = True
     if max_tokens:
-        inputs.append(
-            string_input(module, "sampling_parameters", [json.dumps({"max_tokens": max_tokens})])
-        )
-    return inputs
+        fields["sampling_parameters"] = json.dumps({"max_tokens": max_tokens})
+    return fields
 
 
-def _decode(result, names) -> dict[str, list]:
-    outputs = {}
-    for name in names:
-        values = result.as_numpy(name)
-        if values is None:
-            continue
-        outputs[name] = [
-            v.decode("utf-8") if isinstance(v, bytes) else v.item()
-            for v in values.reshape(values.shape[0], -1)[:, 0]
-        ]
-    return outputs
+def _json_value(value):
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, np.ndarray):
+        return value.reshape(-1).tolist()
+    if isinstance(value, list):
+        return [_json_value(v) for v in value]
+    return value
 
 
-class TritonModelClient:
-    """Sends one request to one model and yields its replies (several when streaming)."""
-
-    def __init__(self, url: str, protocol: str = "grpc"):
-        self.protocol = protocol
-        if protocol == "grpc":
-            import tritonclient.grpc as module
-        elif protocol == "http":
-            import tritonclient.http as module
-        else:
-            raise ValueError(f"protocol must be grpc or http, got {protocol!r}")
-        self.module = module
-        self.client = module.InferenceServerClient(url)
-
-    def infer(
-        self,
-        model: str,
-        inputs: list,
-        *,
-        output_names,
-        adapter: str | None = None,
-        timeout_s: float = 600,
-    ):
-        parameters = {"lora_name": adapter} if adapter else None
-        if self.protocol == "http":
-            result = self.client.infer(model, inputs, parameters=parameters)
-            yield Reply(_decode(result, output_names), final=True)
-            return
-        replies: queue.Queue = queue.Queue()
-        self.client.start_stream(callback=lambda result, error: replies.put((result, error)))
+def http_generate(
+    url: str, model: str, fields: dict, parameters: dict | None = None, *, timeout_s: float = 600
+):
+    """Yield each response of Triton's generate API as a dict (several when `stream` is set)."""
+    body = {name: _json_value(value) for name, value in fields.items()}
+    if parameters:
+        body["parameters"] = parameters
+    endpoint = "generate_stream" if fields.get("stream") else "generate"
+    request = urllib.request.Request(
+        f"http://{url}/v2/models/{model}/{endpoint}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            if endpoint == "generate":
+                yield json.loads(response.read())
+                return
+            for line in response:
+                if line.startswith(b"data: "):
+                    event = json.loads(line[len(b"data: ") :])
+                    if "error" in event:
+                        raise RequestError(event["error"])
+                    yield event
+    except urllib.error.HTTPError as err:
+        detail = err.read().decode("utf-8", "replace")
         try:
-            self.client.async_stream_infer(
-                model, inputs, parameters=parameters, enable_empty_final_response=True
-            )
-            while True:
-                result, error = replies.get(timeout=timeout_s)
-                if error is not None:
-                    raise RuntimeError(str(error))
-                response = result.get_response()
-                final = response.parameters["triton_final_response"].bool_param
-                outputs = _decode(result, output_names)
-                if outputs or final:
-                    yield Reply(outputs, final=final)
-                if final:
-                    return
-        finally:
-            self.client.stop_stream()
+            detail = json.loads(detail)["error"]
+        except (ValueError, KeyError):
+            pass
+        raise RequestError(detail) from None
+
+
+def grpc_stream(
+    url: str, model: str, fields: dict, parameters: dict | None = None, *, timeout_s: float = 600
+):
+    """Yield every response of one request sent on its own gRPC stream."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    replies: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: replies.put((result, error)))
+    try:
+        client.async_stream_infer(model, infer_inputs(grpcclient, fields), parameters=parameters)
+        while True:
+            result, error = replies.get(timeout=timeout_s)
+            if error is not None:
+                raise RequestError(str(error))
+            response = result.get_response()
+            outputs = {}
+            for output in response.outputs:
+                values = result.as_numpy(output.name)
+                outputs[output.name] = [
+                    v.decode("utf-8", "replace") if isinstance(v, bytes) else v.item()
+                    for v in values.reshape(values.shape[0], -1)[:, 0]
+                ]
+            final = response.parameters["triton_final_response"].bool_param
+            yield Reply(outputs, final=final)
+            if final:
+                return
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def send(
+    url: str,
+    protocol: str,
+    model: str,
+    fields: dict,
+    *,
+    adapter: str | None = None,
+    timeout_s: float = 600,
+):
+    """Yield the replies to one request, the last one marked final, over either protocol."""
+    parameters = {"lora_name": adapter} if adapter else None
+    if protocol == "grpc":
+        yield from grpc_stream(url, model, fields, parameters, timeout_s=timeout_s)
+    elif protocol == "http":
+        events = list(http_generate(url, model, fields, parameters, timeout_s=timeout_s))
+        for index, event in enumerate(events):
+            outputs = {k: [v] for k, v in event.items() if k not in ("model_name", "model_version")}
+            yield Reply(outputs, final=index == len(events) - 1)
+    else:
+        raise ValueError(f"protocol must be grpc or http, got {protocol!r}")
