@@ -76,12 +76,15 @@ def triton_server(demo_models, tmp_path_factory):
     from lora_serving.launcher import TritonServer
 
     log_path = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    # Explicit model control with every model loaded at start: users' set-up plus the
+    # repository API, which tests use to reload a model with another model.json.
     server = TritonServer(
         REPO / "model_repository",
         http=_free_port(),
         grpc=_free_port(),
         metrics=_free_port(),
         log_path=log_path,
+        extra_args=["--model-control-mode=explicit", "--load-model=*"],
     )
     try:
         seconds = server.wait_ready(timeout_s=900)
