@@ -70,6 +70,12 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _models_to_load() -> list[str]:
+    """All models; LORA_SERVING_TEST_MODELS=whisper_lora (comma list) narrows a local run."""
+    names = os.environ.get("LORA_SERVING_TEST_MODELS", "*").split(",")
+    return [f"--load-model={name.strip()}" for name in names if name.strip()]
+
+
 @pytest.fixture(scope="session")
 def triton_server(demo_models, tmp_path_factory):
     """The one tritonserver of this test run, serving model_repository/ as users start it."""
@@ -84,7 +90,7 @@ def triton_server(demo_models, tmp_path_factory):
         grpc=_free_port(),
         metrics=_free_port(),
         log_path=log_path,
-        extra_args=["--model-control-mode=explicit", "--load-model=*"],
+        extra_args=["--model-control-mode=explicit", *_models_to_load()],
     )
     try:
         seconds = server.wait_ready(timeout_s=900)

@@ -28,7 +28,10 @@ def model_files(model_json: dict, multi_lora: dict) -> dict[str, bytes]:
 @pytest.fixture
 def qwen2_5_loaded(grpc_url, demo_models):
     client = grpcclient.InferenceServerClient(grpc_url)
-    config = json.dumps(client.get_model_config("qwen_vl_lora", as_json=True)["config"])
+    config = client.get_model_config("qwen_vl_lora", as_json=True)["config"]
+    # Triton skips a reload whose config is unchanged, even when new files are given.
+    config.setdefault("parameters", {})["variant"] = {"string_value": "qwen2_5_vl"}
+    config = json.dumps(config)
     model_json = json.loads((MODEL_DIR / "1" / "model.json").read_text())
     model_json["model"] = str(demo_models / "qwen2_5-vl-tiny")
     adapters = {name: str(demo_models / "qwen2_5-vl-adapters" / name) for name in ("alpha", "beta")}
