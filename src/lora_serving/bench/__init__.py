@@ -1,0 +1,1 @@
+"""Load generation and benchmarks (perf_analyzer input data, runners, reports)."""
