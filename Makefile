@@ -6,7 +6,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: setup serve test test-unit lint lock clean-models
+.PHONY: setup serve test test-unit lint lock clean-models gpu-check
 
 # Idempotent: a finished step takes a second or two, so the other targets always run it.
 setup:
@@ -26,6 +26,11 @@ test-unit: setup
 lint: setup
 	@$(VENV)/bin/ruff check src tests client model_repository
 	@$(VENV)/bin/ruff format --check src tests client model_repository
+
+# On a CUDA machine with vLLM 0.32 (CUDA build): the Whisper LoRA fidelity matrix on the GPU.
+# Not part of `make test` (CI has no GPU).
+gpu-check:
+	@bash scripts/gpu_check.sh
 
 # Recompile the pinned lock after editing requirements/cpu.in or requirements/overrides.txt.
 lock: setup

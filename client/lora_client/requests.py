@@ -74,6 +74,7 @@ def transcription_fields(
     language=None,
     task=None,
     prompt=None,
+    timestamps=False,
     stream=False,
     max_tokens=None,
 ) -> dict:
@@ -82,6 +83,8 @@ def transcription_fields(
     for name, value in (("language", language), ("task", task), ("prompt", prompt)):
         if value:
             fields[name] = value
+    if timestamps:
+        fields["timestamps"] = True
     if stream:
         fields["stream"] = True
     if max_tokens:
@@ -90,11 +93,23 @@ def transcription_fields(
 
 
 def vision_fields(
-    prompt: str, images: list[bytes], *, stream=False, max_tokens=None, system_prompt=None
+    prompt: str,
+    images: list[bytes],
+    *,
+    video: list[bytes] | None = None,
+    video_fps: float | None = None,
+    stream=False,
+    max_tokens=None,
+    system_prompt=None,
 ) -> dict:
+    """qwen_vl_lora inputs: a prompt, encoded images, and optionally one video as its frames."""
     fields = {"text_input": prompt, "exclude_input_in_output": True}
     if images:
         fields["image"] = list(images)
+    if video:
+        fields["video"] = list(video)
+        if video_fps:
+            fields["video_fps"] = np.array([[video_fps]], dtype=np.float32)
     if system_prompt:
         fields["system_prompt"] = system_prompt
     if stream:

@@ -1,18 +1,25 @@
 """Audio in any common form -> 16 kHz mono float32, what Whisper's feature extractor takes.
 
 Decoding is libsndfile's (soundfile: wav, flac, ogg/vorbis, mp3), resampling soxr's (the
-high-quality resampler also used by librosa), so neither is hand-written here.
+high-quality resampler also used by librosa), and long recordings are cut where vLLM's own
+speech-to-text server cuts them (`vllm.multimodal.audio.split_audio`), so none of it is
+hand-written here.
 """
 
 import base64
 import binascii
 import io
+from dataclasses import dataclass
 
 import numpy as np
 
 from lora_serving.errors import InvalidRequest
 
 WHISPER_SAMPLE_RATE = 16_000
+WINDOW_SECONDS = 30.0  # what Whisper's encoder hears at once
+# vLLM's SpeechToTextConfig defaults: look for the quietest 0.1 s in the last second of a window.
+SPLIT_SEARCH_SECONDS = 1.0
+SPLIT_ENERGY_WINDOW = 1600
 # wav, flac, ogg, mp3 with an ID3 tag, bare mp3 frames
 _CONTAINER_MAGIC = (b"RIFF", b"fLaC", b"OggS", b"ID3", b"\xff\xfb", b"\xff\xf3", b"\xff\xf2")
 
@@ -62,3 +69,35 @@ def to_whisper_input(samples: np.ndarray, sample_rate: int, *, max_seconds: floa
 
         samples = soxr.resample(samples, sample_rate, WHISPER_SAMPLE_RATE).astype(np.float32)
     return samples
+
+
+@dataclass(frozen=True)
+class AudioWindow:
+    """At most 30 s of 16 kHz samples and where they start in the whole recording."""
+
+    offset_s: float
+    samples: np.ndarray
+
+    @property
+    def duration_s(self) -> float:
+        return self.samples.shape[0] / WHISPER_SAMPLE_RATE
+
+
+def split_windows(samples: np.ndarray) -> list[AudioWindow]:
+    """16 kHz samples -> consecutive windows of at most 30 s, cut at the quietest moment."""
+    from vllm.multimodal.audio import split_audio
+
+    if samples.shape[0] <= WINDOW_SECONDS * WHISPER_SAMPLE_RATE:
+        return [AudioWindow(0.0, samples)]
+    chunks = split_audio(
+        samples,
+        WHISPER_SAMPLE_RATE,
+        max_clip_duration_s=WINDOW_SECONDS,
+        overlap_duration_s=SPLIT_SEARCH_SECONDS,
+        min_energy_window_size=SPLIT_ENERGY_WINDOW,
+    )
+    starts = np.cumsum([0] + [chunk.shape[0] for chunk in chunks[:-1]])
+    return [
+        AudioWindow(float(start) / WHISPER_SAMPLE_RATE, chunk)
+        for start, chunk in zip(starts, chunks, strict=True)
+    ]

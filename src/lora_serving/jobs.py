@@ -1,6 +1,6 @@
 """What crosses from request decoding to the engine and back: jobs in, chunks out."""
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,9 @@ class GenerationJob:
     # Runs on the engine loop before generation and may rewrite `prompt` / `context`
     # (Whisper: detect the language with a one-token generation, then build the real prompt).
     prepare: Callable[["GenerationJob", "Generate"], Awaitable[None]] | None = None
+    # Replaces the job's single engine request when one row needs several (Whisper: one per
+    # 30 s window): given the engine's stream function, it yields the row's stitched chunks.
+    decode: Callable[["GenerationJob", "Stream"], AsyncIterator["GenerationChunk"]] | None = None
     context: dict[str, Any] = field(default_factory=dict)  # task data used to render outputs
 
 
@@ -50,3 +53,6 @@ class GenerationChunk:
 
 # A one-shot generation used by `GenerationJob.prepare`: (prompt, sampling kwargs) -> final chunk.
 Generate = Callable[[Any, dict[str, Any]], Awaitable[GenerationChunk]]
+# The engine's stream for `GenerationJob.decode`: (prompt, sampling kwargs) -> chunks of one
+# engine request, with the job's adapter, streaming mode and cancellation already bound.
+Stream = Callable[[Any, dict[str, Any]], AsyncIterator[GenerationChunk]]

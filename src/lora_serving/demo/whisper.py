@@ -43,11 +43,16 @@ HF_MODEL_FILES = (
 )
 
 # PEFT matches a string target_modules as a full regex on module names. Decoder modules only:
-# vLLM 0.32 breaks on LoRA for encoder layers and for the cross-attention k/v projections.
+# what plain vLLM 0.32 can apply (encoder and cross-attention k/v need our plugin).
 DECODER_LORA_TARGETS = (
     r"model\.decoder\.layers\.\d+\."
     r"(self_attn\.(q_proj|k_proj|v_proj|out_proj)|encoder_attn\.(q_proj|out_proj)|fc1|fc2)"
 )
+ENCODER_LORA_TARGETS = (
+    r"model\.encoder\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|out_proj)|fc1|fc2)"
+)
+CROSS_KV_LORA_TARGETS = r"model\.decoder\.layers\.\d+\.encoder_attn\.(k_proj|v_proj)"
+ALL_LORA_TARGETS = f"({DECODER_LORA_TARGETS})|({ENCODER_LORA_TARGETS})|({CROSS_KV_LORA_TARGETS})"
 # Frobenius norm of each adapter's delta (scaling * B @ A) relative to the base weight's.
 ADAPTER_RELATIVE_STRENGTH = 0.15
 
@@ -409,15 +414,16 @@ def make_whisper_adapters(
     names: Sequence[str] = ("alpha", "beta"),
     rank: int = 8,
     seed: int = 0,
+    targets: str = DECODER_LORA_TARGETS,
 ) -> list[Path]:
     """Write one deterministic random PEFT LoRA adapter per name under out_root/<name>.
 
-    Decoder modules only (see DECODER_LORA_TARGETS). PEFT initialises B to zero, which would
-    make the adapter a no-op; here A and B are random and scaled so that each module's delta
-    has ADAPTER_RELATIVE_STRENGTH of its base weight's norm: enough to change the transcript,
-    small enough to keep it mostly words. lora_alpha = 2 * rank, so a server that forgets
-    the alpha / r scaling gives visibly different results. A folder that already holds an
-    adapter is kept as it is (delete it to rebuild with other settings).
+    `targets` (a PEFT regex) chooses the modules; decoder modules by default. PEFT initialises
+    B to zero, which would make the adapter a no-op; here A and B are random and scaled so that
+    each module's delta has ADAPTER_RELATIVE_STRENGTH of its base weight's norm: enough to
+    change the transcript, small enough to keep it mostly words. lora_alpha = 2 * rank, so a
+    server that forgets the alpha / r scaling gives visibly different results. A folder that
+    already holds an adapter is kept as it is (delete it to rebuild with other settings).
     """
     import torch
     from peft import LoraConfig, get_peft_model
@@ -439,7 +445,7 @@ def make_whisper_adapters(
             lora_alpha=2 * rank,
             lora_dropout=0.0,
             bias="none",
-            target_modules=DECODER_LORA_TARGETS,
+            target_modules=targets,
         )
         peft_model = get_peft_model(base, lora_config)
         _randomize_lora_weights(peft_model, _adapter_rng(seed, name))

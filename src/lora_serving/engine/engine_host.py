@@ -102,9 +102,18 @@ class EngineHost:
                 await job.prepare(
                     job, lambda prompt, sampling: self._generate_once(prompt, sampling, job.adapter)
                 )
-            async for chunk in self._stream(
-                job.prompt, job.sampling, job.adapter, stream=stream, is_cancelled=is_cancelled
-            ):
+            if job.decode is not None:
+                chunks = job.decode(
+                    job,
+                    lambda prompt, sampling: self._stream(
+                        prompt, sampling, job.adapter, stream=stream, is_cancelled=is_cancelled
+                    ),
+                )
+            else:
+                chunks = self._stream(
+                    job.prompt, job.sampling, job.adapter, stream=stream, is_cancelled=is_cancelled
+                )
+            async for chunk in chunks:
                 yield chunk
         finally:
             with self._inflight_lock:

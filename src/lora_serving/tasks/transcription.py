@@ -1,7 +1,20 @@
-"""Whisper speech-to-text: audio (samples or a file) + options -> decoder prompt + audio job."""
+"""Whisper speech-to-text: audio (samples or a file) + options -> one job per batch row.
 
+A row's audio is decoded in windows of at most 30 s (`whisper_windows`), each one engine request
+with the decoder prompt Whisper was trained on:
+    [<|startofprev|> previous text] <|startoftranscript|> <|xx|> <|transcribe|> [<|notimestamps|>]
+Without `language`, Whisper's own detection picks <|xx|> from the first 30 s. With `timestamps`,
+<|notimestamps|> is left out and the engine applies Whisper's timestamp rules
+(`whisper_timestamps`), so the output carries segment times.
+
+vLLM 0.32 puts <|startoftranscript|> in front of any decoder prompt that does not start with it
+(the Hugging Face decoder-start convention), so with previous text the model sees
+<|startoftranscript|><|startofprev|> ... . Whisper was not trained on that prefix; the previous
+text still conditions the output, but less than in openai-whisper (see README).
+"""
+
+import functools
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -10,13 +23,19 @@ import numpy as np
 from lora_serving import audio
 from lora_serving.adapters import AdapterCatalog
 from lora_serving.errors import InvalidRequest
-from lora_serving.jobs import GenerationChunk, GenerationJob, RequestPlan
+from lora_serving.jobs import GenerationChunk, GenerationJob, RequestPlan, Stream
 from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
+from lora_serving.tasks import whisper_timestamps
 from lora_serving.tasks.base import RowReader
+from lora_serving.tasks.whisper_windows import decode_seeking, decode_windows
+from lora_serving.vllm_plugin.whisper_encoder_lora import (
+    encoder_lora_supported,
+    unapplied_adapter_modules,
+)
 
-# One Whisper window; longer recordings are refused until windowed decoding exists.
-MAX_AUDIO_SECONDS = 30.0
+# The longest recording one row may carry (`serving.task.max_audio_seconds` in model.json).
+DEFAULT_MAX_AUDIO_SECONDS = 1800.0
 TASKS = ("transcribe", "translate")
 # vLLM's (packed) module names in each decoder layer that take LoRA.
 DECODER_LORA_MODULES = (
@@ -30,49 +49,84 @@ DECODER_LORA_MODULES = (
 
 
 class TranscriptionTask:
-    output_names = ("text_output", "language")
+    output_names = ("text_output", "language", "segments")
 
     def __init__(self, settings: EngineSettings, catalog: AdapterCatalog, tokenizer):
         self.tokenizer = tokenizer
-        max_len = int(settings.engine_args.get("max_model_len") or 448)
+        self.max_model_len = int(settings.engine_args.get("max_model_len") or 448)
         self.reader = RowReader(
             settings,
             catalog,
-            max_tokens_limit=settings.serving.max_tokens_limit or max_len - 8,
+            max_tokens_limit=settings.serving.max_tokens_limit or self.max_model_len - 8,
             sampling_defaults={
                 "temperature": 0.0,
                 "max_tokens": settings.serving.default_max_tokens,
             },
         )
+        self.max_audio_seconds = float(
+            settings.serving.task.get("max_audio_seconds", DEFAULT_MAX_AUDIO_SECONDS)
+        )
+        self.max_payload_bytes = settings.serving.max_payload_bytes
         self.languages = _language_tokens(tokenizer)
+        self.no_space_languages = _no_space_languages()
         self.special = {
             name: tokenizer.convert_tokens_to_ids(f"<|{name}|>")
             for name in ("startoftranscript", "startofprev", "notimestamps", *TASKS)
         }
+        self.timestamp_rules = {
+            "timestamp_begin": tokenizer.convert_tokens_to_ids("<|0.00|>"),
+            "eot": tokenizer.eos_token_id,
+        }
 
     @staticmethod
     def engine_overrides(settings: EngineSettings) -> dict[str, Any]:
-        """Restrict LoRA wrappers to the decoder modules adapters can target today.
+        """Load the timestamp rules into the engine; choose which layers take LoRA.
 
-        vLLM 0.32 wraps every linear layer, the encoder's included; with an adapter active, the
-        encoder's wrappers apply a decoder-token mapping to 1500 frames per audio and the engine
-        dies (einsum size mismatch) as soon as a decoder prompt has more than one token.
+        With our plugin and enable_tower_connector_lora, every layer takes per-request LoRA
+        (encoder and cross-attention k/v through vLLM's tower mapping). Otherwise LoRA wrappers
+        are restricted to the decoder: vLLM 0.32 would wrap the encoder too and apply a
+        decoder-token mapping to its 1500 frames per audio, killing the engine.
         """
-        if not settings.lora_enabled or "lora_target_modules" in settings.engine_args:
-            return {}
+        processors = list(settings.engine_args.get("logits_processors") or [])
+        if whisper_timestamps.PROCESSOR not in processors:
+            processors.append(whisper_timestamps.PROCESSOR)
+        overrides: dict[str, Any] = {"logits_processors": processors}
+        if (
+            not settings.lora_enabled
+            or "lora_target_modules" in settings.engine_args
+            or _encoder_lora_enabled(settings)
+        ):
+            return overrides
         config = json.loads((Path(settings.engine_args["model"]) / "config.json").read_text())
-        return {
-            "lora_target_modules": [
-                f"model.decoder.layers.{layer}.{module}"
-                for layer in range(int(config["decoder_layers"]))
-                for module in DECODER_LORA_MODULES
-            ]
-        }
+        overrides["lora_target_modules"] = [
+            f"model.decoder.layers.{layer}.{module}"
+            for layer in range(int(config["decoder_layers"]))
+            for module in DECODER_LORA_MODULES
+        ]
+        return overrides
 
     @staticmethod
     def adapter_module_check(settings: EngineSettings):
         """Refuse adapters with weights the engine would not apply (never half-apply one)."""
-        return _unsupported_whisper_modules
+        encoder_lora = _encoder_lora_enabled(settings)
+
+        def check(modules: set[str]) -> list[str]:
+            refused = unapplied_adapter_modules(modules, enable_tower_connector_lora=encoder_lora)
+            if not refused:
+                return []
+            shown = ", ".join(refused[:6])
+            shown += f" (+{len(refused) - 6} more)" if len(refused) > 6 else ""
+            why = (
+                ""
+                if encoder_lora
+                else (
+                    " (encoder and cross-attention k/v LoRA need enable_tower_connector_lora in "
+                    "model.json and the lora_serving vLLM plugin)"
+                )
+            )
+            return [f"LoRA weights this engine would not apply{why}: {shown}"]
+
+        return check
 
     # ---- request -> jobs ---------------------------------------------------------------------
     def build_plan(self, raw: RawRequest) -> RequestPlan:
@@ -83,28 +137,27 @@ class TranscriptionTask:
     def _job(self, raw: RawRequest, row: int) -> GenerationJob:
         samples = self._audio(raw, row)
         sampling, adapter = self.reader.sampling_and_adapter(raw, row)
-        language = raw.string("language", row)
-        if language is not None:
-            language = language.strip().lower()
-            if language not in self.languages:
-                raise InvalidRequest(
-                    f"unknown language '{language}'; use an ISO 639-1 code Whisper knows "
-                    f"({', '.join(sorted(self.languages)[:12])}, ...) or leave it out to detect"
-                )
+        language = self._language(raw, row)
         task = (raw.string("task", row) or "transcribe").strip().lower()
         if task not in TASKS:
             raise InvalidRequest(f"unknown task '{task}'; use one of: {', '.join(TASKS)}")
-        previous_text = raw.string("prompt", row) or ""
         job = GenerationJob(
             prompt=None,
             sampling=sampling,
             adapter=adapter,
-            context={"audio": samples, "task": task, "previous_text": previous_text},
+            decode=self._decode,
+            context={
+                "samples": samples,
+                "task": task,
+                "timestamps": raw.boolean("timestamps", row, default=False),
+                "previous_ids": self._previous_ids(raw.string("prompt", row) or ""),
+                "segments": [],  # filled while decoding with timestamps
+            },
         )
         if language is None:
             job.prepare = self._detect_language
         else:
-            self._set_prompt(job, language)
+            self._set_prompts(job, language)
         return job
 
     def _audio(self, raw: RawRequest, row: int) -> np.ndarray:
@@ -115,9 +168,11 @@ class TranscriptionTask:
             files = raw.raw_bytes("audio_file", row)
             if len(files) != 1:
                 raise InvalidRequest("input 'audio_file' must hold exactly one encoded file")
-            samples, rate = audio.decode_audio_file(files[0], max_seconds=MAX_AUDIO_SECONDS)
+            self._check_payload("audio_file", len(files[0]))
+            samples, rate = audio.decode_audio_file(files[0], max_seconds=self.max_audio_seconds)
         else:
             samples = raw.array("audio", row)
+            self._check_payload("audio", samples.nbytes)
             length = raw.integer("audio_length", row, default=None)
             if length is not None:
                 if not 0 < length <= samples.shape[-1]:
@@ -126,43 +181,63 @@ class TranscriptionTask:
                     )
                 samples = samples[..., :length]
             rate = raw.integer("sample_rate", row, default=audio.WHISPER_SAMPLE_RATE)
-        return audio.to_whisper_input(samples, rate, max_seconds=MAX_AUDIO_SECONDS)
+        return audio.to_whisper_input(samples, rate, max_seconds=self.max_audio_seconds)
 
-    def _set_prompt(self, job: GenerationJob, language: str) -> None:
-        ids = []
-        if job.context["previous_text"]:
-            ids.append(self.special["startofprev"])
-            ids.extend(
-                self.tokenizer.encode(
-                    " " + job.context["previous_text"].strip(), add_special_tokens=False
-                )
+    def _check_payload(self, name: str, size: int) -> None:
+        if size > self.max_payload_bytes:
+            raise InvalidRequest(
+                f"input '{name}' holds {size} bytes; at most {self.max_payload_bytes} allowed"
             )
+
+    def _language(self, raw: RawRequest, row: int) -> str | None:
+        language = raw.string("language", row)
+        if language is None or not language.strip():
+            return None
+        language = language.strip().lower()
+        if language not in self.languages:
+            raise InvalidRequest(
+                f"unknown language '{language}'; use an ISO 639-1 code Whisper knows "
+                f"({', '.join(sorted(self.languages)[:12])}, ...) or leave it out to detect"
+            )
+        return language
+
+    def _previous_ids(self, text: str) -> list[int]:
+        """Previous text as tokens, its last half-context at most (as openai-whisper keeps)."""
+        if not text.strip():
+            return []
+        ids = self.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
+        return ids[-(self.max_model_len // 2 - 1) :]
+
+    def _set_prompts(self, job: GenerationJob, language: str) -> None:
+        """The decoder prompt and sampling every window of the row uses."""
+        context = job.context
+        ids = []
+        if context["previous_ids"]:
+            ids = [self.special["startofprev"], *context["previous_ids"]]
         ids += [
             self.special["startoftranscript"],
             self.languages[language],
-            self.special[job.context["task"]],
-            self.special["notimestamps"],
+            self.special[context["task"]],
         ]
-        job.context["language"] = language
-        job.prompt = {
-            "encoder_prompt": {
-                "prompt": "",
-                "multi_modal_data": {"audio": (job.context["audio"], audio.WHISPER_SAMPLE_RATE)},
-            },
-            "decoder_prompt": {"prompt_token_ids": ids},
-        }
+        if not context["timestamps"]:
+            ids.append(self.special["notimestamps"])
+        # The engine adds <|startoftranscript|> in front of a prompt that lacks it.
+        engine_prompt_len = len(ids) + (ids[0] != self.special["startoftranscript"])
+        sampling = dict(job.sampling)
+        sampling["max_tokens"] = min(sampling["max_tokens"], self.max_model_len - engine_prompt_len)
+        if context["timestamps"]:
+            sampling["extra_args"] = {whisper_timestamps.EXTRA_ARG: self.timestamp_rules}
+        context.update(language=language, decoder_ids=ids, window_sampling=sampling)
+
+    def request_for(self, job: GenerationJob, samples: np.ndarray) -> tuple[dict, dict]:
+        """The engine request (prompt, sampling) for one window of the row's audio."""
+        return _whisper_prompt(samples, job.context["decoder_ids"]), job.context["window_sampling"]
 
     async def _detect_language(self, job: GenerationJob, generate) -> None:
-        """Whisper's own detection: the most likely language token after <|startoftranscript|>."""
-        prompt = {
-            "encoder_prompt": {
-                "prompt": "",
-                "multi_modal_data": {"audio": (job.context["audio"], audio.WHISPER_SAMPLE_RATE)},
-            },
-            "decoder_prompt": {"prompt_token_ids": [self.special["startoftranscript"]]},
-        }
+        """Whisper's own detection on the first 30 s: the likeliest language token."""
+        first = job.context["samples"][: int(audio.WINDOW_SECONDS * audio.WHISPER_SAMPLE_RATE)]
         chunk = await generate(
-            prompt,
+            _whisper_prompt(first, [self.special["startoftranscript"]]),
             {
                 "temperature": 0.0,
                 "max_tokens": 1,
@@ -170,28 +245,50 @@ class TranscriptionTask:
             },
         )
         by_id = {token: code for code, token in self.languages.items()}
-        self._set_prompt(job, by_id[chunk.token_ids[0]])
+        self._set_prompts(job, by_id[chunk.token_ids[0]])
+
+    def _decode(self, job: GenerationJob, stream: Stream):
+        context = job.context
+        separator = "" if context["language"] in self.no_space_languages else " "
+        request_for = functools.partial(self.request_for, job)
+        if not context["timestamps"]:
+            windows = audio.split_windows(context["samples"])
+            return decode_windows(windows, stream, request_for=request_for, separator=separator)
+        return decode_seeking(
+            context["samples"],
+            stream,
+            request_for=request_for,
+            read=functools.partial(whisper_timestamps.read_window, **self.timestamp_rules),
+            decode=self.tokenizer.decode,
+            separator=separator,
+            segments=context["segments"],
+        )
 
     # ---- chunks -> outputs -------------------------------------------------------------------
     def render(self, job: GenerationJob, chunk: GenerationChunk, *, stream: bool) -> dict[str, Any]:
         text = chunk.delta if stream and not chunk.finished else chunk.text
+        segments = job.context["segments"] if chunk.finished else []
         return {
-            "text_output": text.strip() if chunk.finished else text,
+            "text_output": text,
             "language": job.context.get("language", ""),
+            "segments": json.dumps(segments, ensure_ascii=False),
         }
 
 
-# vLLM 0.32 maps LoRA rows per decoder token, so encoder layers and the cross-attention k/v
-# (which run over encoder frames) cannot take LoRA yet.
-_ENCODER_SIDE = re.compile(r"(^|\.)encoder\.layers\.\d+\.|encoder_attn\.(k_proj|v_proj)$")
+def _whisper_prompt(samples: np.ndarray, decoder_ids: list[int]) -> dict[str, Any]:
+    return {
+        "encoder_prompt": {
+            "prompt": "",
+            "multi_modal_data": {"audio": (samples, audio.WHISPER_SAMPLE_RATE)},
+        },
+        "decoder_prompt": {"prompt_token_ids": list(decoder_ids)},
+    }
 
 
-def _unsupported_whisper_modules(modules: set[str]) -> list[str]:
-    refused = sorted(m for m in modules if _ENCODER_SIDE.search(m))
-    if not refused:
-        return []
-    shown = ", ".join(refused[:6]) + (f" (+{len(refused) - 6} more)" if len(refused) > 6 else "")
-    return [f"LoRA weights on encoder-side modules cannot be applied by this engine: {shown}"]
+def _encoder_lora_enabled(settings: EngineSettings) -> bool:
+    return bool(settings.engine_args.get("enable_tower_connector_lora")) and (
+        encoder_lora_supported()
+    )
 
 
 def _language_tokens(tokenizer) -> dict[str, int]:
@@ -205,3 +302,10 @@ def _language_tokens(tokenizer) -> dict[str, int]:
         if token_id is not None and token_id != unknown:
             found[code] = token_id
     return found
+
+
+def _no_space_languages() -> set[str]:
+    """Languages whose windows join without a space (vLLM's list: Chinese, Japanese)."""
+    from vllm.model_executor.models.whisper import WhisperForConditionalGeneration
+
+    return set(WhisperForConditionalGeneration.no_space_languages)

@@ -1,5 +1,9 @@
 """vLLM general plugin: our fixes for vLLM LoRA defects that upstream has not merged yet.
 
+- cpu_no_lora_index (defect 1, CPU only): a request without an adapter gets zero LoRA delta.
+- whisper_encoder_lora (defect 2, every platform): Whisper takes per-request LoRA on its
+  encoder and cross-attention kv_proj.
+
 vLLM calls `register()` in every process it starts (entry point group `vllm.general_plugins`,
 filtered by `VLLM_PLUGINS`), possibly more than once. vLLM logs and ignores a plugin that fails to
 import but lets an exception from `register()` stop start-up, so this module imports nothing
@@ -42,25 +46,32 @@ def check_vllm_version(version: str) -> None:
 
 
 def register() -> None:
-    """Apply every fix the current platform needs; a no-op when they are already applied."""
+    """Apply every fix the current platform needs; a no-op when they are already applied.
+
+    One log line per process lists the fixes this call applied (none on a repeated call).
+    """
     version = installed_vllm_version()
     check_vllm_version(version)
 
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
-        logger.info(
-            "lora_serving plugin (vLLM %s): nothing to apply on %s",
-            version,
-            current_platform.device_name,
-        )
-        return
+    applied = []
+    if current_platform.is_cpu():
+        from . import cpu_no_lora_index
 
-    from . import cpu_no_lora_index
+        if cpu_no_lora_index.apply():
+            applied.append(
+                "cpu_no_lora_index (CPU LoRA ops give rows without an adapter, index -1, zero "
+                "delta)"
+            )
 
-    if cpu_no_lora_index.apply():
-        logger.info(
-            "lora_serving plugin (vLLM %s): applied cpu_no_lora_index, CPU LoRA ops give rows "
-            "without an adapter (index -1) zero delta",
-            version,
+    from . import whisper_encoder_lora
+
+    if whisper_encoder_lora.apply():
+        applied.append(
+            "whisper_encoder_lora (Whisper encoder and cross-attention kv_proj take per-request "
+            "LoRA through the tower mapping; needs enable_tower_connector_lora=True)"
         )
+
+    if applied:
+        logger.info("lora_serving plugin (vLLM %s): applied %s", version, "; ".join(applied))

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# GPU fidelity check for Whisper LoRA on the encoder and cross-attention kv_proj (issue 5).
+#
+# Runs the engine matrix of tests/engine/test_whisper_encoder_lora.py (each adapter kind alone and
+# in mixed batches vs the PEFT-merged float32 reference, plus the cross-attention cache check) on
+# a CUDA GPU, once under Model Runner V2 (vLLM 0.32's GPU default, where our plugin reorders the
+# tower LoRA mapping) and once under the V1 runner. A few minutes; not part of CI (no GPU there).
+#
+# Needs: a CUDA build of vLLM 0.32 with this package installed (`pip install -e .`, which
+# registers the vLLM plugin), pytest, and demo_models/whisper-base (only its tokenizer, feature
+# extractor and config are read; `make setup` builds it, or copy the folder over).
+# PYTHON selects the interpreter (default: .venv/bin/python if present, else python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+
+"$PYTHON" - <<'EOF'
+import sys
+
+import torch
+from vllm.platforms import current_platform
+
+if not (torch.cuda.is_available() and current_platform.is_cuda()):
+    sys.exit("gpu_check: needs a CUDA GPU and a CUDA build of vLLM (found platform "
+             f"{current_platform.device_name!r}, torch.cuda.is_available()="
+             f"{torch.cuda.is_available()})")
+from vllm.version import __version__
+
+print(f"gpu_check: vLLM {__version__} on {torch.cuda.get_device_name()}")
+EOF
+
+# Full float32 on the GPU, so the 1e-3 logprob bound compares like with like: the LoRA Triton
+# kernels use TF32 dot products for float32 unless told otherwise, torch matmuls follow vLLM's
+# VLLM_FLOAT32_MATMUL_PRECISION.
+export TRITON_F32_DEFAULT=ieee
+export VLLM_FLOAT32_MATMUL_PRECISION=highest
+export HF_HUB_OFFLINE=1
+
+TEST=tests/engine/test_whisper_encoder_lora.py
+echo "gpu_check: Model Runner V2"
+VLLM_USE_V2_MODEL_RUNNER=1 "$PYTHON" -m pytest "$TEST" -q -s -p no:cacheprovider
+echo "gpu_check: Model Runner V1"
+VLLM_USE_V2_MODEL_RUNNER=0 "$PYTHON" -m pytest "$TEST" -q -s -p no:cacheprovider \
+    -k "not without_tower_flag"
+echo "gpu_check: passed"

@@ -1,0 +1,172 @@
+"""Whisper hears 30 s at a time: how a row's recording is decoded window by window.
+
+Plain transcripts (`decode_windows`), as vLLM's speech-to-text server does it: the recording is
+cut beforehand at quiet moments, every window is its own engine request and all of them run at
+once; their text is handed out in recording order.
+
+With timestamps (`decode_seeking`), as openai-whisper's long-form transcription does it: one
+window at a time, each starting where the previous one's last complete segment ended. A
+sentence cut by a window's edge is dropped there and heard whole in the next window, so no
+speech falls between windows, and segment times are exact across them. Text is handed out one
+complete segment at a time.
+
+Both yield the row's chunks: cumulative `text` with the new part in `delta`; the last chunk is
+finished and holds the whole transcript.
+"""
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+
+from lora_serving.audio import WHISPER_SAMPLE_RATE, WINDOW_SECONDS, AudioWindow
+from lora_serving.jobs import GenerationChunk, Stream
+from lora_serving.tasks.whisper_timestamps import WindowReading
+
+# Window samples -> the engine request for them: (prompt, sampling kwargs).
+Request = Callable[[np.ndarray], tuple[dict[str, Any], dict[str, Any]]]
+# A tail shorter than this is not worth a window of its own (one 20 ms timestamp step is less).
+MIN_WINDOW_SAMPLES = WHISPER_SAMPLE_RATE // 10
+
+
+class Stitcher:
+    """The windows' chunks, in any order -> the row's chunks in recording order."""
+
+    def __init__(self, count: int, *, separator: str):
+        self.separator = separator
+        self.latest: list[GenerationChunk | None] = [None] * count
+        self.sent = ""
+
+    @property
+    def done(self) -> bool:
+        return all(chunk is not None and chunk.finished for chunk in self.latest)
+
+    def add(self, index: int, chunk: GenerationChunk) -> GenerationChunk | None:
+        """Record a window's chunk; return the row's next chunk if there is anything new."""
+        self.latest[index] = chunk
+        text = self._text_in_order()
+        if self.done:
+            return self._final(text)
+        if not text.startswith(self.sent) or len(text) == len(self.sent):
+            return None
+        delta, self.sent = text[len(self.sent) :], text
+        return GenerationChunk(text, delta, [], [], 0)
+
+    def _text_in_order(self) -> str:
+        """Finished windows from the first on, plus the partial text of the next one."""
+        parts = []
+        for chunk in self.latest:
+            if chunk is None:
+                break
+            parts.append(chunk.text.strip())
+            if not chunk.finished:
+                break
+        return self.separator.join(part for part in parts if part)
+
+    def _final(self, text: str) -> GenerationChunk:
+        delta = text[len(self.sent) :] if text.startswith(self.sent) else text
+        return _joined(self.latest, text, delta)
+
+
+async def decode_windows(
+    windows: list[AudioWindow], stream: Stream, *, request_for: Request, separator: str
+) -> AsyncIterator[GenerationChunk]:
+    """Run every window's engine request at once; yield the row's chunks in recording order.
+
+    The first failing window fails the row, and the other windows' requests are cancelled
+    (the engine host aborts them in the engine).
+    """
+    arrivals: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, window: AudioWindow) -> None:
+        try:
+            async for chunk in stream(*request_for(window.samples)):
+                arrivals.put_nowait((index, chunk))
+        except Exception as err:  # handed to the consumer, which raises it for the row
+            arrivals.put_nowait((index, err))
+
+    stitcher = Stitcher(len(windows), separator=separator)
+    pumps = [asyncio.create_task(pump(index, window)) for index, window in enumerate(windows)]
+    try:
+        while not stitcher.done:
+            index, item = await arrivals.get()
+            if isinstance(item, Exception):
+                raise item
+            if (chunk := stitcher.add(index, item)) is not None:
+                yield chunk
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+
+async def decode_seeking(
+    samples: np.ndarray,
+    stream: Stream,
+    *,
+    request_for: Request,
+    read: Callable[[list[int]], WindowReading],
+    decode: Callable[[list[int]], str],
+    separator: str,
+    segments: list[dict],
+) -> AsyncIterator[GenerationChunk]:
+    """Decode window after window from where the last one's speech ended; fill `segments`.
+
+    `segments` receives {start, end, text} in seconds of the whole recording.
+    """
+    texts: list[str] = []
+    finals: list[GenerationChunk] = []
+    window_samples = int(WINDOW_SECONDS * WHISPER_SAMPLE_RATE)
+    seek = 0
+
+    def add(found, offset_s: float, duration_s: float) -> str:
+        """Record segments (window time); return the text they add to the transcript."""
+        before = separator.join(texts)
+        for start, end, tokens in found:
+            text = decode(tokens).strip()
+            if text:
+                texts.append(text)
+                segments.append(
+                    {
+                        "start": round(offset_s + min(start, duration_s), 2),
+                        "end": round(offset_s + min(end, duration_s), 2),
+                        "text": text,
+                    }
+                )
+        return separator.join(texts)[len(before) :]
+
+    while len(samples) - seek >= MIN_WINDOW_SAMPLES or seek == 0:
+        window = samples[seek : seek + window_samples]
+        offset_s, duration_s = seek / WHISPER_SAMPLE_RATE, len(window) / WHISPER_SAMPLE_RATE
+        shown, last = 0, None
+        async for chunk in stream(*request_for(window)):
+            last = chunk
+            closed = read(chunk.token_ids).closed
+            if not chunk.finished and len(closed) > shown:
+                delta = add(closed[shown:], offset_s, duration_s)
+                shown = len(closed)
+                if delta:
+                    yield GenerationChunk(separator.join(texts), delta, [], [], 0)
+        finals.append(last)
+        found, consumed_s = read(last.token_ids).final(
+            duration_s, cut_short=last.finish_reason == "length"
+        )
+        if delta := add(found[shown:], offset_s, duration_s):
+            yield GenerationChunk(separator.join(texts), delta, [], [], 0)
+        seek += max(1, round(consumed_s * WHISPER_SAMPLE_RATE))
+    text = separator.join(texts)
+    yield _joined(finals, text, "")
+
+
+def _joined(chunks: list[GenerationChunk], text: str, delta: str) -> GenerationChunk:
+    """The row's final chunk: the whole text and every window's tokens, in order."""
+    reasons = [chunk.finish_reason for chunk in chunks]
+    return GenerationChunk(
+        text=text,
+        delta=delta,
+        token_ids=[token for chunk in chunks for token in chunk.token_ids],
+        logprobs=[value for chunk in chunks for value in chunk.logprobs],
+        num_prompt_tokens=sum(chunk.num_prompt_tokens for chunk in chunks),
+        finish_reason="length" if "length" in reasons else reasons[-1],
+    )

@@ -1,0 +1,178 @@
+"""whisper_lora's options end to end: timestamps, adapters per row, streaming, previous text,
+translation and the command line. References are computed here with transformers on the
+adapter-merged weights (lora_serving.reference.whisper), never with the serving code.
+"""
+
+import io
+import json
+
+import numpy as np
+import pytest
+import soundfile
+from lora_client import cli
+
+from tests.conftest import load_16k
+from tests.e2e.triton_calls import grpc_many, grpc_one, http_one, sampling
+
+MODEL = "whisper_lora"
+TWO_SENTENCES = "The quick brown fox jumps over the lazy dog. She opened the window and listened."
+PREVIOUS = "Birds and foxes."
+
+
+@pytest.fixture(scope="module")
+def clip(speech):
+    return speech(TWO_SENTENCES)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_models):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(demo_models / "whisper-base")
+
+
+def reference_tokens(demo_models, adapter, wav, prompt_ids, max_tokens=60) -> list[int]:
+    """Greedy tokens of the merged-weights reference (PEFT merge, float32)."""
+    from lora_serving.reference.whisper import reference_generate
+
+    adapter_dir = demo_models / "whisper-adapters" / adapter if adapter else None
+    base = demo_models / "whisper-base"
+    tokens, _ = reference_generate(base, adapter_dir, load_16k(wav), prompt_ids, max_tokens)
+    return tokens
+
+
+def transformers_segments(demo_models, adapter, wav) -> list[dict]:
+    """transformers' own Whisper timestamp decoding (its WhisperTimeStampLogitsProcessor)."""
+    from transformers import AutoTokenizer
+
+    from lora_serving.reference.whisper import _load_feature_extractor, _load_model
+
+    base = str((demo_models / "whisper-base").absolute())
+    adapter_dir = str((demo_models / "whisper-adapters" / adapter).absolute()) if adapter else None
+    features = _load_feature_extractor(base)(
+        load_16k(wav), sampling_rate=16000, return_tensors="pt"
+    ).input_features
+    ids = _load_model(base, adapter_dir).generate(
+        features, language="en", task="transcribe", return_timestamps=True, suppress_tokens=[]
+    )[0]
+    decoded = AutoTokenizer.from_pretrained(base).decode(
+        ids, output_offsets=True, skip_special_tokens=True
+    )
+    return [
+        {"start": round(start, 2), "end": round(end, 2), "text": item["text"].strip()}
+        for item in decoded["offsets"]
+        for start, end in [item["timestamp"]]
+    ]
+
+
+def test_timestamps_for_adapters_sharing_batches_equal_transformers(grpc_url, clip, demo_models):
+    """{base, alpha, beta} with timestamps and {beta, base} without, all sent at once."""
+    audio = {"audio_file": clip.read_bytes(), "language": "en"}
+    runs = [(None, True), ("alpha", True), ("beta", True), ("beta", False), (None, False)]
+    outcomes = grpc_many(
+        grpc_url,
+        MODEL,
+        [({**audio, "timestamps": ts}, {"lora_name": name} if name else None) for name, ts in runs],
+    )
+    timed = {}
+    for (name, with_timestamps), outcome in zip(runs, outcomes, strict=True):
+        segments = json.loads(outcome.outputs["segments"][0])
+        if with_timestamps:
+            assert segments == transformers_segments(demo_models, name, clip), name
+            assert outcome.text == " ".join(segment["text"] for segment in segments)
+            timed[name] = segments
+        else:
+            assert segments == []
+    assert timed["alpha"] != timed[None]  # the demo adapters move the segment times
+
+
+def test_rows_of_one_request_take_their_own_adapter(grpc_url, clip, demo_models, tokenizer):
+    """The `lora_name` input tensor names each row's adapter (perf_analyzer's way)."""
+    rows = [b"", b"alpha", b"beta"]
+    fields = {
+        "audio_file": np.array([[clip.read_bytes()]] * 3, dtype=object),
+        "language": np.array([[b"en"]] * 3, dtype=object),
+        "lora_name": np.array([[name] for name in rows], dtype=object),
+        "sampling_parameters": np.array([[sampling(max_tokens=40).encode()]] * 3, dtype=object),
+    }
+    outcome = grpc_one(grpc_url, MODEL, fields)
+    assert outcome.error is None, outcome.error
+    prompt = tokenizer.convert_tokens_to_ids(
+        ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
+    )
+    for name, text in zip(rows, outcome.outputs["text_output"], strict=True):
+        tokens = reference_tokens(demo_models, name.decode(), clip, prompt, max_tokens=40)
+        assert text == tokenizer.decode(tokens, skip_special_tokens=True).strip(), name
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_streamed_text_adds_up_to_the_final_text(grpc_url, http_url, clip, protocol):
+    call, url = (grpc_one, grpc_url) if protocol == "grpc" else (http_one, http_url)
+    fields = {"audio_file": clip.read_bytes(), "language": "en"}
+    whole = call(url, MODEL, fields)
+    streamed = call(url, MODEL, {**fields, "stream": True})
+    assert len(streamed.partials) >= 5
+    assert "".join(streamed.partials) == streamed.text == whole.text
+
+
+def test_previous_text_goes_behind_the_engines_start_token(grpc_url, clip, demo_models, tokenizer):
+    """vLLM 0.32 puts <|startoftranscript|> in front of a decoder prompt that does not start with
+    it, so `<|startofprev|> text <|startoftranscript|> ...` reaches the model with one more
+    <|startoftranscript|> in front. The served output is exactly the reference's for that
+    prompt, and here differs from what Whisper gives for the prompt as trained.
+    """
+    outcome = grpc_one(
+        grpc_url, MODEL, {"audio_file": clip.read_bytes(), "language": "en", "prompt": PREVIOUS}
+    )
+    special = tokenizer.convert_tokens_to_ids
+    as_trained = [
+        special("<|startofprev|>"),
+        *tokenizer.encode(" " + PREVIOUS, add_special_tokens=False),
+        *special(["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]),
+    ]
+    as_served = [special("<|startoftranscript|>"), *as_trained]
+
+    def text(prompt):
+        return tokenizer.decode(
+            reference_tokens(demo_models, None, clip, prompt), skip_special_tokens=True
+        ).strip()
+
+    assert outcome.text == text(as_served)
+    assert outcome.text != text(as_trained), "vLLM passed the prompt unchanged: update README"
+
+
+def test_translate_german_speech_to_english(grpc_url, speech):
+    wav = speech("Guten Morgen. Ich trinke jeden Tag ein Glas Wasser.", voice="de")
+    outcome = grpc_one(grpc_url, MODEL, {"audio_file": wav.read_bytes(), "task": "translate"})
+    assert outcome.outputs["language"] == ["de"]
+    text = outcome.text.lower()
+    assert "good morning" in text and "water" in text, text
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_command_line_prints_text_and_segments(grpc_url, http_url, clip, protocol, capsys):
+    url = grpc_url if protocol == "grpc" else http_url
+    args = ["transcribe", str(clip), "--timestamps", "--language", "en", "--adapter", "beta"]
+    assert cli.main([*args, "--url", url, "--protocol", protocol, "--stream"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "lazy dog" in lines[0] and len(lines) == 3
+    assert lines[1].startswith("[    0.00 ->") and "lazy dog" in lines[1]
+    assert "listened" in lines[2]
+
+
+def test_resampled_long_samples_and_file_agree(grpc_url, speech):
+    """35 s of samples at 22.05 kHz (two windows) equal the same audio sent as a wav file."""
+    clip, rate = soundfile.read(speech(TWO_SENTENCES), dtype="float32")
+    samples = np.concatenate([clip] * 6)
+    assert len(samples) / rate > 30
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, rate, format="WAV", subtype="FLOAT")
+    as_samples, as_file = grpc_many(
+        grpc_url,
+        MODEL,
+        [
+            ({"audio": samples, "sample_rate": rate, "language": "en"}, None),
+            ({"audio_file": buffer.getvalue(), "language": "en"}, None),
+        ],
+    )
+    assert as_samples.text == as_file.text and as_samples.text.count("lazy dog") == 6

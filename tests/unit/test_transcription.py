@@ -1,0 +1,278 @@
+"""TranscriptionTask without an engine: request rows -> window prompts, errors, outputs.
+
+A fake engine stream stands in for vLLM only to test our own stitching and ordering.
+"""
+
+import asyncio
+import functools
+import io
+import json
+
+import numpy as np
+import pytest
+import soundfile
+
+from lora_serving.adapters import AdapterCatalog
+from lora_serving.errors import InvalidRequest
+from lora_serving.jobs import GenerationChunk
+from lora_serving.request_inputs import RawRequest
+from lora_serving.settings import EngineSettings
+from lora_serving.tasks.transcription import TranscriptionTask
+from lora_serving.tasks.whisper_timestamps import EXTRA_ARG
+
+SOT, SOT_PREV, EN, DE, TRANSCRIBE, NO_TS, TS = 50258, 50361, 50259, 50261, 50359, 50363, 50364
+EOT = 50257
+
+
+@pytest.fixture(scope="module")
+def task(demo_models, tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    model = demo_models / "whisper-base"
+    settings = EngineSettings.from_dict(
+        {"model": str(model), "max_model_len": 448, "serving": {"task": {"max_audio_seconds": 90}}},
+        model_dir=tmp_path_factory.mktemp("whisper"),
+    )
+    catalog = AdapterCatalog.from_multi_lora_json(None, enabled=False, max_lora_rank=8)
+    return TranscriptionTask(settings, catalog, AutoTokenizer.from_pretrained(model))
+
+
+def request(**inputs) -> RawRequest:
+    """One batch row per input (shape [1, ...]), as Triton hands them to the model."""
+    tensors = {}
+    for name, value in inputs.items():
+        if isinstance(value, np.ndarray):
+            tensors[name] = value[None, ...]
+        elif isinstance(value, bool):
+            tensors[name] = np.array([[value]])
+        elif isinstance(value, int):
+            tensors[name] = np.array([[value]], np.int32)
+        else:
+            tensors[name] = np.array(
+                [[value.encode() if isinstance(value, str) else value]], object
+            )
+    return RawRequest(tensors)
+
+
+def tone(seconds: float, rate=16000) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+
+def decoder_ids(task, job) -> list[int]:
+    prompt, _ = job_request(task, job)
+    return prompt["decoder_prompt"]["prompt_token_ids"]
+
+
+def job_request(task, job, seconds=1.0):
+    """The engine request the task makes for a window of the row's audio."""
+    return task.request_for(job, job.context["samples"][: int(seconds * 16000)])
+
+
+def test_prompt_follows_whisper_with_language_given(task):
+    job = task.build_plan(request(audio=tone(2), language="EN")).jobs[0]
+    assert decoder_ids(task, job) == [SOT, EN, TRANSCRIBE, NO_TS]
+    assert job.prepare is None and job.context["language"] == "en"
+    prompt, sampling = job_request(task, job)
+    assert prompt["encoder_prompt"]["multi_modal_data"]["audio"][1] == 16000
+    assert sampling == {"temperature": 0.0, "max_tokens": 128}
+
+
+def test_timestamps_leave_out_notimestamps_and_turn_the_rules_on(task):
+    job = task.build_plan(request(audio=tone(2), language="de", timestamps=True)).jobs[0]
+    assert decoder_ids(task, job) == [SOT, DE, TRANSCRIBE]
+    rules = job_request(task, job)[1]["extra_args"][EXTRA_ARG]
+    assert rules == {"timestamp_begin": TS, "eot": 50257}
+
+
+def test_previous_text_keeps_its_last_half_context_and_max_tokens_fits_the_rest(task):
+    prompt = " ".join(["word"] * 400)
+    sampling = json.dumps({"max_tokens": 400})
+    job = task.build_plan(
+        request(audio=tone(2), language="en", prompt=prompt, sampling_parameters=sampling)
+    ).jobs[0]
+    ids = decoder_ids(task, job)
+    assert ids[0] == SOT_PREV and ids[-4:] == [SOT, EN, TRANSCRIBE, NO_TS]
+    assert len(ids) == 1 + 223 + 4
+    # 448 positions: the engine's extra <|startoftranscript|>, the prompt, then the output.
+    assert job_request(task, job)[1]["max_tokens"] == 448 - 1 - len(ids)
+
+
+def test_language_absent_or_blank_is_detected_from_the_first_30_s(task):
+    for raw in (request(audio=tone(2)), request(audio=tone(2), language=" ")):
+        job = task.build_plan(raw).jobs[0]
+        assert job.prepare is not None and "decoder_ids" not in job.context
+
+    job = task.build_plan(request(audio=tone(70))).jobs[0]
+    seen = []
+
+    async def generate(prompt, sampling):
+        seen.append((prompt, sampling))
+        return GenerationChunk("", "", [DE], [], 1, "length")
+
+    asyncio.run(job.prepare(job, generate))
+    ((prompt, sampling),) = seen
+    assert prompt["decoder_prompt"]["prompt_token_ids"] == [SOT]
+    assert len(prompt["encoder_prompt"]["multi_modal_data"]["audio"][0]) == 30 * 16000
+    assert sampling["max_tokens"] == 1 and EN in sampling["allowed_token_ids"]
+    assert job.context["language"] == "de"
+    assert decoder_ids(task, job) == [SOT, DE, TRANSCRIBE, NO_TS]
+
+
+def test_padded_rows_are_cut_to_their_audio_length(task):
+    rows = np.zeros((2, 32000), np.float32)
+    rows[0, :16000], rows[1] = tone(1), tone(2)
+    raw = RawRequest(
+        {
+            "audio": rows,
+            "audio_length": np.array([[16000], [32000]], np.int32),
+            "language": np.array([[b"en"], [b"de"]], object),
+        }
+    )
+    jobs = task.build_plan(raw).jobs
+    assert [len(job.context["samples"]) for job in jobs] == [16000, 32000]
+    assert [job.context["language"] for job in jobs] == ["en", "de"]
+
+
+def wav(samples, rate=22050) -> bytes:
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, rate, format="WAV")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({"audio": np.zeros(0, np.float32)}, "audio is empty"),
+        ({"audio": np.array([0.1, np.nan], np.float32)}, "NaN or infinite"),
+        ({"audio": np.array([0.1, np.inf], np.float32)}, "NaN or infinite"),
+        ({"audio": np.zeros(5, np.int16)}, "must be float32 samples, got int16"),
+        ({"audio": np.zeros((2, 5), np.float32)}, "must be 1-D mono samples"),
+        ({"audio": tone(1), "audio_file": wav(tone(1))}, "exactly one of 'audio'"),
+        ({"language": "en"}, "exactly one of 'audio'"),
+        ({"audio_file": b"RIFF not really a wav"}, "audio_file could not be decoded"),
+        ({"audio": tone(1), "sample_rate": 0}, "sample_rate must be > 0, got 0"),
+        ({"audio": tone(1), "sample_rate": -8000}, "sample_rate must be > 0"),
+        ({"audio": tone(1), "audio_length": 16001}, "audio_length 16001 must be in 1..16000"),
+        ({"audio": tone(91)}, "longer than the 90 s limit"),
+        ({"audio_file": wav(tone(91, 8000), 8000)}, "longer than the 90 s limit"),
+        ({"audio": tone(1), "language": "xx"}, "unknown language 'xx'"),
+        ({"audio": tone(1), "task": "summarize"}, "unknown task 'summarize'"),
+        ({"audio": tone(1), "sampling_parameters": "{max_tokens: 3"}, "not valid JSON"),
+        ({"audio": tone(1), "sampling_parameters": '{"max_tokens": "3"}'}, "'max_tokens' must"),
+        ({"audio": tone(1), "sampling_parameters": '{"max_tokens": 0}'}, "an integer > 0, got 0"),
+        ({"audio": tone(1), "sampling_parameters": '{"max_tokens": 500}'}, "at most 440"),
+        ({"audio": tone(1), "sampling_parameters": "[1]"}, "must be a JSON object"),
+        ({"audio": tone(1), "timestamps": 1}, "'timestamps' must be TYPE_BOOL"),
+        ({"audio": tone(1), "lora_name": "alpha"}, "LoRA is disabled"),
+    ],
+)
+def test_bad_rows_are_named(task, inputs, message):
+    with pytest.raises(InvalidRequest, match=message):
+        task.build_plan(request(**inputs))
+
+
+def test_payload_over_the_limit_is_refused(task, monkeypatch):
+    monkeypatch.setattr(task, "max_payload_bytes", 1000)
+    with pytest.raises(InvalidRequest, match="'audio' holds 64000 bytes; at most 1000"):
+        task.build_plan(request(audio=tone(1)))
+
+
+def window_start(job, prompt) -> float:
+    """Where the window an engine request is for starts in the row's audio (seconds)."""
+    window = prompt["encoder_prompt"]["multi_modal_data"]["audio"][0]
+    row = job.context["samples"]
+    assert np.shares_memory(window, row)  # windows are views of the row's samples
+    return (window.ctypes.data - row.ctypes.data) / row.itemsize / 16000
+
+
+def fake_stream(job, outputs: dict[int, list[str]], delays: dict[int, float]):
+    """An engine stand-in: window i (starting near i * 30 s) streams outputs[i] cumulatively."""
+
+    async def stream(prompt, sampling):
+        index = round(window_start(job, prompt) / 30)
+        texts = outputs[index]
+        for step, text in enumerate(texts):
+            await asyncio.sleep(delays[index])
+            done = step == len(texts) - 1
+            yield GenerationChunk(text, "", [index] * (step + 1), [], 4, "stop" if done else None)
+
+    return stream
+
+
+def run_decode(job, stream) -> list[GenerationChunk]:
+    async def collect():
+        return [chunk async for chunk in job.decode(job, stream)]
+
+    return asyncio.run(collect())
+
+
+@pytest.mark.parametrize(
+    "delays, deltas",
+    [
+        # In recording order: each window's text streams as it is decoded.
+        ({0: 0.0, 1: 0.01, 2: 0.02}, ["One", " two.", " Three", " four.", " Five."]),
+        # Last window first: windows 2 and 3 wait for window 1, then follow its text at once.
+        ({0: 0.03, 1: 0.01, 2: 0.0}, ["One", " two. Three four. Five."]),
+    ],
+)
+def test_windows_stream_in_recording_order_and_add_up_to_the_final_text(task, delays, deltas):
+    job = task.build_plan(request(audio=tone(70), language="en")).jobs[0]  # ~29 s, 29 s, 12 s
+    outputs = {0: [" One", " One two."], 1: [" Three", " Three four."], 2: ["", " Five."]}
+    chunks = run_decode(job, fake_stream(job, outputs, delays))
+    final = chunks[-1]
+    assert final.finished and final.text == "One two. Three four. Five."
+    assert [chunk.delta for chunk in chunks] == deltas
+    assert final.token_ids == [0, 0, 1, 1, 2, 2] and final.num_prompt_tokens == 12
+    rendered = task.render(job, final, stream=False)
+    assert rendered == {"text_output": final.text, "language": "en", "segments": "[]"}
+
+
+def test_timestamps_seek_to_where_the_last_complete_segment_ended(task):
+    """openai-whisper's long form: an unfinished sentence is heard again in the next window."""
+    encode = functools.partial(task.tokenizer.encode, add_special_tokens=False)
+    hello, bye, nothing = encode(" Hello there."), encode(" Bye."), []
+    by_start = {  # window start (s) -> its output tokens, decoded one token per step
+        0.0: [TS, *hello, TS + 100, TS + 110, *bye[:1], EOT],  # " Bye" cut by the window edge
+        2.0: [TS + 10, *bye, TS + 60, EOT],  # ends on a closed segment: all of it is said
+        32.0: [TS, *nothing, EOT],
+    }
+    starts = []
+
+    async def stream(prompt, sampling):
+        start = round(window_start(job, prompt), 2)
+        starts.append(start)
+        for step in range(1, len(by_start[start]) + 1):
+            done = step == len(by_start[start])
+            yield GenerationChunk("", "", by_start[start][:step], [], 3, "stop" if done else None)
+
+    job = task.build_plan(request(audio=tone(45), language="en", timestamps=True)).jobs[0]
+    chunks = run_decode(job, stream)
+    assert starts == [0.0, 2.0, 32.0]  # 2.0: where the last complete segment ended
+    assert [chunk.delta for chunk in chunks] == ["Hello there.", " Bye.", ""]
+    rendered = task.render(job, chunks[-1], stream=False)
+    assert rendered["text_output"] == "Hello there. Bye."
+    assert json.loads(rendered["segments"]) == [
+        {"start": 0.0, "end": 2.0, "text": "Hello there."},
+        {"start": 2.2, "end": 3.2, "text": "Bye."},
+    ]
+
+
+def test_a_failing_window_fails_the_row_and_cancels_the_others(task):
+    job = task.build_plan(request(audio=tone(65), language="en")).jobs[0]
+    cancelled = []
+
+    async def stream(prompt, sampling):
+        seconds = len(prompt["encoder_prompt"]["multi_modal_data"]["audio"][0]) / 16000
+        if seconds < 10:
+            raise InvalidRequest("window refused")
+        try:
+            await asyncio.sleep(10)
+            yield GenerationChunk("never", "", [], [], 0, "stop")
+        except asyncio.CancelledError:
+            cancelled.append(seconds)
+            raise
+
+    with pytest.raises(InvalidRequest, match="window refused"):
+        run_decode(job, stream)
+    assert len(cancelled) == 2

@@ -1,0 +1,130 @@
+"""Whisper's timestamp rules (one request's logits row) and reading a window's segments."""
+
+import itertools
+
+import pytest
+import torch
+
+from lora_serving.tasks.whisper_timestamps import (
+    EXTRA_ARG,
+    TimestampRules,
+    WhisperTimestampRules,
+    read_window,
+)
+
+EOT, TS = 50257, 50364  # <|endoftext|>, <|0.00|> in Whisper's multilingual tokenizer
+VOCAB = TS + 1501
+TEXT = 440  # " The"
+RULES = TimestampRules(timestamp_begin=TS, eot=EOT)
+
+
+def text_likely() -> torch.Tensor:
+    """Logits where text and <|endoftext|> beat all timestamps together (log 1501 < 10)."""
+    logits = torch.zeros(VOCAB)
+    logits[: EOT + 1] = 10.0
+    return logits
+
+
+def allowed(output_ids, logits=None) -> set[str]:
+    """Which kinds of token the rules leave possible after output_ids."""
+    row = RULES(output_ids, text_likely() if logits is None else logits)
+    finite = torch.isfinite(row)
+    kinds = set()
+    if finite[:EOT].any():
+        kinds.add("text")
+    if finite[EOT]:
+        kinds.add("eot")
+    if finite[EOT + 1 : TS].any():
+        kinds.add("control")
+    if finite[TS:].any():
+        kinds.add("timestamp")
+    return kinds
+
+
+def test_first_token_is_a_timestamp_within_the_first_second():
+    row = RULES([], torch.zeros(VOCAB))
+    assert torch.isfinite(row).nonzero().flatten().tolist() == list(range(TS, TS + 51))
+
+
+@pytest.mark.parametrize(
+    "output_ids, kinds",
+    [
+        ([TS], {"text", "eot"}),  # a segment opened: its text follows
+        ([TS, TEXT], {"text", "eot", "timestamp"}),
+        ([TS, TEXT, TS + 150], {"eot", "timestamp"}),  # closed: open the next, or end
+        ([TS, TEXT, TS + 150, TS + 160], {"text", "eot"}),
+    ],
+)
+def test_timestamps_come_in_pairs_around_text(output_ids, kinds):
+    assert allowed(output_ids) == kinds
+
+
+def test_time_never_goes_back_and_a_closing_time_may_reopen():
+    row = RULES([TS, TEXT, TS + 150], torch.zeros(VOCAB))
+    assert not torch.isfinite(row[TS : TS + 150]).any()
+    assert torch.isfinite(row[TS + 150 :]).all()
+    row = RULES([TS + 10, TEXT], torch.zeros(VOCAB))
+    assert not torch.isfinite(row[TS : TS + 11]).any() and torch.isfinite(row[TS + 11])
+
+
+def test_likelier_timestamps_than_any_text_token_force_a_timestamp():
+    logits = torch.full((VOCAB,), -10.0)
+    logits[TEXT] = 1.0  # the best single token is text ...
+    logits[TS + 100 : TS + 200] = 0.0  # ... but the timestamps together are likelier
+    assert allowed([TS, TEXT], logits) == {"timestamp"}
+    logits[TEXT] = 10.0
+    assert "text" in allowed([TS, TEXT], logits)
+
+
+def test_control_tokens_never_appear():
+    assert "control" not in allowed([TS, TEXT])
+
+
+def test_the_vllm_processor_applies_only_to_requests_that_ask():
+    from vllm import SamplingParams
+
+    processor = WhisperTimestampRules(None, torch.device("cpu"), False)
+    assert processor.new_req_logits_processor(SamplingParams()) is None
+    asked = SamplingParams(extra_args={EXTRA_ARG: {"timestamp_begin": TS, "eot": EOT}})
+    assert processor.new_req_logits_processor(asked) == RULES
+    assert not processor.is_argmax_invariant()
+    with pytest.raises(TypeError):
+        WhisperTimestampRules.validate_params(SamplingParams(extra_args={EXTRA_ARG: {"x": 1}}))
+
+
+def read(tokens):
+    return read_window(tokens, timestamp_begin=TS, eot=EOT)
+
+
+def test_pairs_around_text_are_closed_segments_and_a_final_one_means_said_in_full():
+    reading = read([TS, 1, 2, TS + 156, TS + 172, 3, TS + 336, EOT])
+    assert reading.closed == [(0.0, 3.12, [1, 2]), (3.44, 6.72, [3])]
+    assert reading.ends_after_text and not reading.unfinished
+    assert reading.final(30.0, cut_short=False) == (reading.closed, 30.0)
+
+
+def test_unfinished_text_is_dropped_and_the_next_window_starts_at_the_last_end():
+    reading = read([TS, 1, TS + 100, TS + 110, 2, EOT])
+    assert reading.closed == [(0.0, 2.0, [1])] and reading.unfinished == [2]
+    assert reading.final(30.0, cut_short=False) == ([(0.0, 2.0, [1])], 2.0)
+    closed_pair_then_end = read([TS, 1, TS + 100, TS + 110, EOT])
+    assert closed_pair_then_end.final(30.0, cut_short=False)[1] == 2.0
+
+
+def test_a_window_cut_short_by_max_tokens_is_not_said_in_full():
+    reading = read([TS, 1, TS + 100])
+    assert reading.final(30.0, cut_short=False)[1] == 30.0
+    assert reading.final(30.0, cut_short=True)[1] == 2.0
+
+
+def test_a_window_without_closed_segments_is_one_segment():
+    reading = read([TS + 20, 1, 2, EOT])
+    assert reading.final(7.5, cut_short=False) == ([(0.4, 7.5, [1, 2])], 7.5)
+    assert read([TS, EOT]).final(7.5, cut_short=False) == ([], 7.5)
+    assert read([TS, 1, TS]).final(7.5, cut_short=False)[1] == 7.5  # never stuck at 0.0
+
+
+def test_readings_of_partial_output_only_grow():
+    tokens = [TS, 1, 2, TS + 156, TS + 172, 3, TS + 336, EOT]
+    closed = [read(tokens[:end]).closed for end in range(len(tokens) + 1)]
+    assert all(after[: len(before)] == before for before, after in itertools.pairwise(closed))
