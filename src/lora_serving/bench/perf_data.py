@@ -23,6 +23,29 @@ def speech_like_audio(seconds: float, seed: int, rate: int = 16_000) -> np.ndarr
     return (0.1 * wave * envelope + 0.005 * rng.standard_normal(t.size)).astype(np.float32)
 
 
+def _tensor(value) -> dict:
+    return {"content": [value], "shape": [1]}
+
+
+def _entries(adapters: list[str | None], items: int, max_tokens: int, fields) -> dict:
+    """`items` requests (rounded up so every adapter gets as many), adapters round-robin;
+    `fields(index)` gives each request's own inputs."""
+    count = -(-max(items, len(adapters)) // len(adapters)) * len(adapters)
+    entries = []
+    for index in range(count):
+        # ignore_eos: every request decodes max_tokens, so runs compare equal work
+        entry = fields(index) | {
+            "sampling_parameters": _tensor(
+                json.dumps({"max_tokens": max_tokens, "ignore_eos": True})
+            ),
+        }
+        adapter = adapters[index % len(adapters)]
+        if adapter:
+            entry["lora_name"] = _tensor(adapter)
+        entries.append(entry)
+    return {"data": entries}
+
+
 def whisper_input_data(
     adapters: list[str | None],
     *,
@@ -31,23 +54,15 @@ def whisper_input_data(
     max_tokens: int = 32,
     language: str = "en",
 ) -> dict:
-    entries = []
-    for index in range(max(clips, len(adapters))):
+    def fields(index: int) -> dict:
         audio = speech_like_audio(seconds, seed=index)
-        entry = {
+        return {
             "audio": {"content": audio.tolist(), "shape": [audio.size]},
-            "sample_rate": {"content": [16000], "shape": [1]},
-            "language": {"content": [language], "shape": [1]},
-            "sampling_parameters": {
-                "content": [json.dumps({"max_tokens": max_tokens})],
-                "shape": [1],
-            },
+            "sample_rate": _tensor(16000),
+            "language": _tensor(language),
         }
-        adapter = adapters[index % len(adapters)]
-        if adapter:
-            entry["lora_name"] = {"content": [adapter], "shape": [1]}
-        entries.append(entry)
-    return {"data": entries}
+
+    return _entries(adapters, clips, max_tokens, fields)
 
 
 def synthetic_image_png(width: int, height: int, seed: int) -> bytes:
@@ -68,23 +83,15 @@ def qwen_input_data(
     max_tokens: int = 32,
     prompt: str = "Describe this image.",
 ) -> dict:
-    entries = []
-    for index in range(max(images, len(adapters))):
-        image = base64.b64encode(synthetic_image_png(*image_size, seed=index)).decode("ascii")
-        entry = {
-            "text_input": {"content": [prompt], "shape": [1]},
-            "image": {"content": [image], "shape": [1]},
-            "exclude_input_in_output": {"content": [True], "shape": [1]},
-            "sampling_parameters": {
-                "content": [json.dumps({"max_tokens": max_tokens, "ignore_eos": True})],
-                "shape": [1],
-            },
+    def fields(index: int) -> dict:
+        image = synthetic_image_png(*image_size, seed=index)
+        return {
+            "text_input": _tensor(prompt),
+            "image": _tensor(base64.b64encode(image).decode("ascii")),
+            "exclude_input_in_output": _tensor(True),
         }
-        adapter = adapters[index % len(adapters)]
-        if adapter:
-            entry["lora_name"] = {"content": [adapter], "shape": [1]}
-        entries.append(entry)
-    return {"data": entries}
+
+    return _entries(adapters, images, max_tokens, fields)
 
 
 def write(data: dict, path: Path) -> Path:

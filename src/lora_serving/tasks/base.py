@@ -38,6 +38,12 @@ class RowReader:
         self.max_tokens_limit = max_tokens_limit
         self.sampling_defaults = sampling_defaults
 
+    def plan(self, raw: RawRequest, make_job) -> RequestPlan:
+        """One job per batch row, made by the task's `make_job(raw, row)`."""
+        rows = self.rows(raw)
+        stream = self.stream_flag(raw, rows)
+        return RequestPlan([make_job(raw, row) for row in rows], stream=stream)
+
     def rows(self, raw: RawRequest) -> range:
         count = raw.batch_size
         limit = self.settings.serving.max_items_per_request

@@ -130,9 +130,7 @@ class TranscriptionTask:
 
     # ---- request -> jobs ---------------------------------------------------------------------
     def build_plan(self, raw: RawRequest) -> RequestPlan:
-        rows = self.reader.rows(raw)
-        stream = self.reader.stream_flag(raw, rows)
-        return RequestPlan([self._job(raw, row) for row in rows], stream=stream)
+        return self.reader.plan(raw, self._job)
 
     def _job(self, raw: RawRequest, row: int) -> GenerationJob:
         samples = self._audio(raw, row)

@@ -113,9 +113,7 @@ class VisionChatTask:
 
     # ---- request -> jobs ---------------------------------------------------------------------
     def build_plan(self, raw: RawRequest) -> RequestPlan:
-        rows = self.reader.rows(raw)
-        stream = self.reader.stream_flag(raw, rows)
-        return RequestPlan([self._job(raw, row) for row in rows], stream=stream)
+        return self.reader.plan(raw, self._job)
 
     def _job(self, raw: RawRequest, row: int) -> GenerationJob:
         text = raw.string("text_input", row, default="") or ""
