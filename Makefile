@@ -6,7 +6,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: setup serve test test-unit lint lock clean-models gpu-check
+.PHONY: setup serve test test-unit lint lint-deploy lock lock-gpu lock-lint image clean-models gpu-check
 
 # Idempotent: a finished step takes a second or two, so the other targets always run it.
 setup:
@@ -23,12 +23,23 @@ test: setup
 test-unit: setup
 	@$(PY) -m pytest tests/unit -q
 
-lint: setup
-	@$(VENV)/bin/ruff check src tests client model_repository
-	@$(VENV)/bin/ruff format --check src tests client model_repository
+lint: setup lint-deploy
+	@$(VENV)/bin/ruff check src tests client model_repository model_repository_gpu scripts
+	@$(VENV)/bin/ruff format --check src tests client model_repository model_repository_gpu scripts
 
-# On a CUDA machine with vLLM 0.32 (CUDA build): the Whisper LoRA fidelity matrix on the GPU.
-# Not part of `make test` (CI has no GPU).
+# Dockerfile, compose file, Kubernetes manifests, deployment scripts (hadolint, compose-spec
+# schema, strict Kubernetes schemas, yamllint, shellcheck). Installs its pinned linters
+# (requirements/lint.txt) on first use under ~/.cache/lora-serving; `make test` runs it too
+# (tests/unit/test_deploy_lint.py).
+lint-deploy:
+	@bash scripts/lint_deploy.sh
+
+# The GPU image (needs a Docker engine; docs/deploy.md).
+image:
+	docker build -f docker/Dockerfile -t lora-serving-triton:gpu .
+
+# On a CUDA machine with vLLM 0.32 (CUDA build): the Whisper LoRA fidelity matrix on the GPU,
+# then a short benchmark (base model vs. mixed adapters). Not part of `make test` (no GPU in CI).
 gpu-check:
 	@bash scripts/gpu_check.sh
 
@@ -37,5 +48,22 @@ lock: setup
 	@$(VENV)/bin/uv pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 		requirements/cpu.in --override requirements/overrides.txt -o requirements/cpu.txt
 
+lock-gpu: setup
+	@$(VENV)/bin/uv pip compile -q --python-version 3.12 --python-platform x86_64-manylinux_2_28 \
+		requirements/gpu.in --override requirements/gpu-overrides.txt -o requirements/gpu.txt
+
+lock-lint: setup
+	@$(VENV)/bin/uv pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+		requirements/lint.in -o requirements/lint.txt
+
 clean-models:
 	rm -rf demo_models
+
+# ---- Benchmarks (issue 7) ---------------------------------------------------------------------
+# perf_analyzer workloads through tritonserver beside the same engine in-process and the
+# transformers pipeline; writes results/bench-<time>/report.md with PNG plots (results/latest
+# links it). Options: make bench BENCH_ARGS="--config my-gpu.json" (README "Benchmarks").
+BENCH_ARGS ?=
+.PHONY: bench
+bench: setup
+	@$(PY) -m lora_serving.bench $(BENCH_ARGS)

@@ -46,3 +46,17 @@ echo "gpu_check: Model Runner V1"
 VLLM_USE_V2_MODEL_RUNNER=0 "$PYTHON" -m pytest "$TEST" -q -s -p no:cacheprovider \
     -k "not without_tower_flag"
 echo "gpu_check: passed"
+
+# ---- Benchmark (issue 9): short throughput figures on the GPU ---------------------------------
+# Measures only; fidelity is settled above. scripts/gpu_bench.py runs whisper-base offline in
+# bfloat16 with our engine arguments: base model alone vs. all adapter kinds mixed in every batch
+# (1-3 minutes on an H100/H200, bounded by GPU_CHECK_BENCH_TIMEOUT_S). Needs all of
+# demo_models/whisper-base and demo_models/whisper-adapters (`make setup`). GPU_CHECK_BENCH=0
+# skips it.
+if [[ "${GPU_CHECK_BENCH:-1}" != 0 ]]; then
+    echo "gpu_check: benchmark (whisper-base; base model vs. mixed LoRA adapters)"
+    # Served precision, not the float32 settings of the fidelity runs above.
+    env -u TRITON_F32_DEFAULT -u VLLM_FLOAT32_MATMUL_PRECISION VLLM_PLUGINS=lora_serving \
+        timeout "${GPU_CHECK_BENCH_TIMEOUT_S:-300}" "$PYTHON" scripts/gpu_bench.py
+    echo "gpu_check: benchmark done"
+fi

@@ -4,16 +4,26 @@ lora-client transcribe speech.wav [--adapter alpha] [--language de] [--task tran
                       [--timestamps] [--prompt "previous text"]
 lora-client describe photo.png --prompt "What is shown?" [--adapter alpha] [--stream]
 lora-client describe --video f0.png f1.png f2.png --video-fps 2 --prompt "What happens?"
+lora-client list-adapters [--model qwen_vl_lora] [--json]
+lora-client adapters rescan|load NAME [PATH]|unload NAME --model qwen_vl_lora
 """
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
-from lora_client.requests import RequestError, send, transcription_fields, vision_fields
+from lora_client.requests import (
+    RequestError,
+    adapter_command,
+    send,
+    transcription_fields,
+    vision_fields,
+)
 
 DEFAULT_URL = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}
+MODELS = ("whisper_lora", "qwen_vl_lora")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +58,45 @@ def _print_segments(reply) -> None:
         print(f"[{segment['start']:8.2f} -> {segment['end']:8.2f}] {segment['text']}")
 
 
+def _print_listing(listing: dict) -> None:
+    limits = ", ".join(f"{key} {value}" for key, value in listing.get("limits", {}).items())
+    print(f"{listing['model']} ({limits})")
+    rows = [("NAME", "STATE", "RANK", "VERSION", "SOURCE", "PATH")]
+    rows += [
+        (a["name"], a["state"], str(a["rank"]), str(a["version"]), a["source"], a["path"])
+        for a in listing["adapters"]
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print(
+            "  "
+            + "  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)),
+            row[-1],
+        )
+    for retiring in listing.get("retiring", []):
+        print(
+            f"  retiring: {retiring['name']} id {retiring['id']} ({retiring['in_flight']} running)"
+        )
+    for name in listing.get("unloaded", []):
+        print(f"  unloaded: {name}")
+    for name, message in listing.get("refused", {}).items():
+        print(f"  refused: {name}: {message}")
+
+
+def _adapters(args, url: str) -> None:
+    """list-adapters / adapters COMMAND: the model's JSON answer (a table for list)."""
+    action = getattr(args, "action", "list")
+    if action != "list" and not args.model:
+        raise RequestError(f"adapters {action} changes one model: give --model")
+    command = shlex.join([action, *args.arguments])
+    for model in [args.model] if args.model else MODELS:
+        answer = adapter_command(url, args.protocol, model, command)
+        if args.json or action != "list":
+            print(json.dumps(answer, indent=2))
+        else:
+            _print_listing(answer)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lora-client", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -69,11 +118,25 @@ def main(argv: list[str] | None = None) -> int:
     describe.add_argument("--video-fps", type=float, help="frames per second of --video")
     describe.add_argument("--system-prompt")
     _common(describe)
+    listing = commands.add_parser("list-adapters", help="each model's adapters and their state")
+    adapters = commands.add_parser("adapters", help="list, rescan, load or unload adapters")
+    adapters.add_argument("action", choices=["list", "rescan", "load", "unload"])
+    adapters.add_argument("arguments", nargs="*", help="load: NAME [PATH]; unload: NAME")
+    for command in (listing, adapters):
+        command.add_argument(
+            "--model", help=f"one model (default for listing: {', '.join(MODELS)})"
+        )
+        command.add_argument("--url", help="host:port (default 127.0.0.1:8001 gRPC, :8000 HTTP)")
+        command.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+        command.add_argument("--json", action="store_true", help="print the JSON answer")
+    listing.set_defaults(arguments=[])
     args = parser.parse_args(argv)
     url = args.url or DEFAULT_URL[args.protocol]
 
     try:
-        if args.command == "transcribe":
+        if args.command in ("list-adapters", "adapters"):
+            _adapters(args, url)
+        elif args.command == "transcribe":
             for path in args.files:
                 fields = transcription_fields(
                     path,

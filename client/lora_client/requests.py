@@ -214,3 +214,12 @@ def send(
             yield Reply(outputs, final=index == len(events) - 1)
     else:
         raise ValueError(f"protocol must be grpc or http, got {protocol!r}")
+
+
+def adapter_command(
+    url: str, protocol: str, model: str, command: str, *, timeout_s: float = 120
+) -> dict:
+    """Send an adapter command (list | rescan | load NAME [PATH] | unload NAME) to a model and
+    return its JSON answer; RequestError carries a refusal's message."""
+    replies = list(send(url, protocol, model, {"adapter_command": command}, timeout_s=timeout_s))
+    return json.loads(replies[-1].outputs["text_output"][0])

@@ -1,8 +1,9 @@
 """The adapters a model serves: `multi_lora.json` (Triton vllm_backend's {name: path}) -> catalog.
 
 Each adapter is checked when the model loads (name, folder, PEFT config, rank, weight format,
-modules the engine can apply) and a bad one is refused with every problem listed, so nothing is
-discovered halfway through a request or silently half-applied.
+modules the engine can apply, and, given a base model, module shapes and base model name) and a
+bad one is refused with every problem listed, so nothing is discovered halfway through a request
+or silently half-applied. `adapter_fleet` uses the same checks for adapters added at runtime.
 """
 
 import json
@@ -10,12 +11,16 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
+from lora_serving.adapter_checks import max_tensor_rank
 from lora_serving.errors import ConfigError, InvalidRequest, UnknownAdapter
 
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
+PICKLE_FILE = "adapter_model.bin"
+PICKLE_REFUSED = f"only safetensors weights are loaded; {PICKLE_FILE} (pickle) refused"
 
 
 def check_adapter_name(name: str) -> None:
@@ -31,24 +36,53 @@ def check_adapter_name(name: str) -> None:
 @dataclass(frozen=True)
 class Adapter:
     name: str
-    int_id: int  # stable: position in multi_lora.json + 1 (vLLM reserves 0)
-    path: Path
+    # Unique per loaded version, never reused (vLLM caches adapters by id; 0 is reserved).
+    # multi_lora.json's adapters get 1..N in file order; later versions count on from there.
+    int_id: int
+    path: Path  # the folder the engine reads (for fleet adapters, a private snapshot)
     rank: int
     target_modules: tuple[str, ...]
+    source: str = "multi_lora.json"  # multi_lora.json | root | control
+    origin: Path | None = None  # the operator's folder when `path` is a snapshot of it
+    version: int = 1  # 1, 2, ... per name: how often it has been (re)loaded
+
+    @property
+    def engine_name(self) -> str:
+        """The name the engine sees: one per version, because vLLM keys its multimodal encoder
+        cache by adapter name; a replaced adapter must not reuse the old version's encodings."""
+        return f"{self.name}@{self.int_id}"
 
     def to_lora_request(self):
         from vllm.lora.request import LoRARequest  # vLLM is heavy; import only when serving
 
-        return LoRARequest(lora_name=self.name, lora_int_id=self.int_id, lora_path=str(self.path))
+        return LoRARequest(
+            lora_name=self.engine_name, lora_int_id=self.int_id, lora_path=str(self.path)
+        )
 
 
-def _weight_module_names(weights: Path) -> set[str]:
-    """Module paths that carry LoRA weights, read from the safetensors header (no tensor load)."""
+def name_from_engine_name(engine_name: str) -> str:
+    """Adapter.engine_name -> the adapter's name (for vLLM's per-adapter statistics)."""
+    return engine_name.rsplit("@", 1)[0]
+
+
+class BaseModelCheck(Protocol):
+    """Does an adapter fit the served base model? (see adapter_checks.BaseModel)"""
+
+    def problems(self, config: dict, shapes: dict[str, tuple[int, ...]]) -> list[str]: ...
+
+
+def weight_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape, read from the safetensors header (no tensor load)."""
     from safetensors import safe_open
 
     with safe_open(str(weights), framework="numpy") as handle:
-        keys = list(handle.keys())
-    return {re.sub(r"\.lora_[AB](\.[a-z_]+)?\.weight$", "", key) for key in keys if ".lora_" in key}
+        return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+
+
+def _module_names(shapes: dict[str, tuple[int, ...]]) -> set[str]:
+    """Module paths that carry LoRA weights."""
+    keys = [key for key in shapes if ".lora_" in key]
+    return {re.sub(r"\.lora_[AB](\.[a-z_]+)?\.weight$", "", key) for key in keys}
 
 
 def load_adapter(
@@ -58,8 +92,13 @@ def load_adapter(
     *,
     max_lora_rank: int,
     module_check: Callable[[set[str]], list[str]] | None = None,
+    base_model: BaseModelCheck | None = None,
+    **described,
 ) -> Adapter:
-    """Check one adapter folder and describe it; ConfigError lists every problem found."""
+    """Check one adapter folder and describe it; ConfigError lists every problem found.
+
+    `described` fills Adapter's bookkeeping fields (source, origin, version).
+    """
     problems = []
     try:
         check_adapter_name(name)
@@ -68,13 +107,15 @@ def load_adapter(
     if not path.is_dir():
         raise ConfigError(f"adapter '{name}'", [f"folder {path} does not exist", *problems])
     config_path, weights = path / CONFIG_FILE, path / WEIGHTS_FILE
-    if (path / "adapter_model.bin").exists() and not weights.exists():
-        problems.append("only safetensors weights are loaded; adapter_model.bin (pickle) refused")
+    if (path / PICKLE_FILE).exists() and not weights.exists():
+        problems.append(PICKLE_REFUSED)
     elif not weights.is_file():
         problems.append(f"{WEIGHTS_FILE} is missing")
-    rank, targets = 0, ()
+    rank, targets, config = 0, (), None
     try:
         config = json.loads(config_path.read_text())
+        if not isinstance(config, dict):
+            raise TypeError("not a JSON object")
         rank = int(config.get("r", 0))
         raw_targets = config.get("target_modules") or []
         targets = (raw_targets,) if isinstance(raw_targets, str) else tuple(raw_targets)
@@ -88,11 +129,25 @@ def load_adapter(
         problems.append(f"{CONFIG_FILE} is missing")
     except (json.JSONDecodeError, TypeError, ValueError) as err:
         problems.append(f"{CONFIG_FILE} is not a valid PEFT config: {err}")
-    if weights.is_file() and module_check is not None:
-        problems.extend(module_check(_weight_module_names(weights)))
+        config = None
+    shapes = None
+    if weights.is_file():
+        try:
+            shapes = weight_shapes(weights)
+        except Exception as err:  # safetensors raises its own error types for bad files
+            problems.append(f"{WEIGHTS_FILE} is not a readable safetensors file: {err}")
+    if shapes is not None and 0 < rank <= max_lora_rank < max_tensor_rank(shapes):
+        problems.append(
+            f"a module has rank {max_tensor_rank(shapes)} (rank_pattern), over max_lora_rank "
+            f"{max_lora_rank} (model.json)"
+        )
+    if shapes is not None and module_check is not None:
+        problems.extend(module_check(_module_names(shapes)))
+    if shapes is not None and config is not None and base_model is not None:
+        problems.extend(base_model.problems(config, shapes))
     if problems:
-        raise ConfigError(f"adapter '{name}' ({path})", problems)
-    return Adapter(name, int_id, path.resolve(), rank, targets)
+        raise ConfigError(f"adapter '{name}' ({described.get('origin') or path})", problems)
+    return Adapter(name, int_id, path.resolve(), rank, targets, **described)
 
 
 class AdapterCatalog:

@@ -4,7 +4,8 @@ The file keeps Triton vllm_backend's shape (top-level keys are vLLM engine argum
 model.json files work unchanged, plus two blocks of our own:
   "environment": {VAR: value} set in the model's process before the engine starts (CPU knobs
                  such as VLLM_CPU_KVCACHE_SPACE / VLLM_CPU_OMP_THREADS_BIND);
-  "serving":     request-level limits and defaults (see ServingOptions).
+  "serving":     request-level limits and defaults (see ServingOptions), with the adapter
+                 fleet's options under "serving.adapters" (see AdapterOptions).
 Every problem is reported at once, naming the key.
 """
 
@@ -16,6 +17,68 @@ from typing import Any
 
 from lora_serving.errors import ConfigError
 
+CONTROL_LEVELS = ("off", "list", "full")
+DEFAULT_MAX_LORAS = 4  # vLLM's default of 1 would serve one adapter per batch
+
+
+@dataclass(frozen=True)
+class AdapterOptions:
+    """model.json `serving.adapters`: where adapters come from and who may change them."""
+
+    # Folders whose subfolders are adapters named after them; relative to model.json.
+    roots: tuple[Path, ...] = ()
+    # Seconds between folder rescans (0: only on request). Rescans are cheap: one stat per file.
+    rescan_interval_s: float = 30.0
+    # adapter_command requests: "off", "list" (list + rescan) or "full" (+ load / unload).
+    control: str = "list"
+    # Names besides the served folder's own that adapters may give as base_model_name_or_path.
+    base_model_names: tuple[str, ...] = ()
+    # Where private copies of served adapters live (default: the system temp folder).
+    snapshot_dir: Path | None = None
+
+    @classmethod
+    def from_dict(cls, raw: Any, *, model_dir: Path) -> tuple["AdapterOptions", list[str]]:
+        """(options, problems); problems name the key as `serving.adapters.<key>`."""
+        if not isinstance(raw, dict):
+            return cls(), ["'serving.adapters' must be an object"]
+        known = {f.name for f in dataclasses.fields(cls)}
+        problems = [
+            f"unknown 'serving.adapters' key '{key}' (allowed: {', '.join(sorted(known))})"
+            for key in sorted(set(raw) - known)
+        ]
+        values: dict[str, Any] = {}
+        for key in ("roots", "base_model_names"):
+            items = raw.get(key, [])
+            if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
+                problems.append(f"serving.adapters.{key} must be a list of non-empty strings")
+                items = []
+            values[key] = tuple(items)
+        values["roots"] = tuple(_relative_to(model_dir, root) for root in values["roots"])
+        interval = raw.get("rescan_interval_s", cls.rescan_interval_s)
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or interval < 0:
+            problems.append(f"serving.adapters.rescan_interval_s must be >= 0, got {interval!r}")
+        else:
+            values["rescan_interval_s"] = float(interval)
+        control = raw.get("control", cls.control)
+        if control not in CONTROL_LEVELS:
+            problems.append(
+                f"serving.adapters.control must be one of {', '.join(CONTROL_LEVELS)}, "
+                f"got {control!r}"
+            )
+        else:
+            values["control"] = control
+        snapshot_dir = raw.get("snapshot_dir")
+        if snapshot_dir is not None and not (isinstance(snapshot_dir, str) and snapshot_dir):
+            problems.append("serving.adapters.snapshot_dir must be a folder path")
+        elif snapshot_dir:
+            values["snapshot_dir"] = _relative_to(model_dir, snapshot_dir)
+        return cls(**values), problems
+
+
+def _relative_to(model_dir: Path, path: str) -> Path:
+    candidate = Path(path)
+    return candidate if candidate.is_absolute() else (model_dir / candidate).resolve()
+
 
 @dataclass(frozen=True)
 class ServingOptions:
@@ -26,6 +89,7 @@ class ServingOptions:
     max_payload_bytes: int = 64 * 1024 * 1024  # one encoded audio file / image / audio tensor
     multi_lora_file: str = "multi_lora.json"
     task: dict[str, Any] = field(default_factory=dict)  # task-specific options (audio, images)
+    adapters: AdapterOptions = field(default_factory=AdapterOptions)
 
 
 _KNOWN_SERVING_KEYS = {f.name for f in dataclasses.fields(ServingOptions)}
@@ -48,6 +112,15 @@ class EngineSettings:
     @property
     def max_lora_rank(self) -> int:
         return int(self.engine_args.get("max_lora_rank", 16))
+
+    @property
+    def max_loras(self) -> int:
+        return int(self.engine_args.get("max_loras", DEFAULT_MAX_LORAS))
+
+    @property
+    def max_cpu_loras(self) -> int:
+        """vLLM's default: as many as max_loras (its LRU cache of adapters held in memory)."""
+        return int(self.engine_args.get("max_cpu_loras") or self.max_loras)
 
     @property
     def multi_lora_path(self) -> Path:
@@ -81,8 +154,13 @@ class EngineSettings:
             problems.append(
                 f"unknown 'serving' keys {unknown_serving} (allowed: {sorted(_KNOWN_SERVING_KEYS)})"
             )
+        adapter_options, adapter_problems = AdapterOptions.from_dict(
+            serving_raw.get("adapters", {}), model_dir=model_dir
+        )
+        problems.extend(adapter_problems)
         serving = ServingOptions(
-            **{k: v for k, v in serving_raw.items() if k in _KNOWN_SERVING_KEYS}
+            **{k: v for k, v in serving_raw.items() if k in _KNOWN_SERVING_KEYS - {"adapters"}},
+            adapters=adapter_options,
         )
         if "model" not in data:
             problems.append("'model' (the base model folder) is required")
@@ -92,11 +170,30 @@ class EngineSettings:
         problems.extend(_unknown_engine_args(data))
         if serving.default_max_tokens <= 0:
             problems.append("serving.default_max_tokens must be > 0")
-        if data.get("enable_lora") and int(data.get("max_loras", 1)) < 1:
-            problems.append("max_loras must be >= 1")
+        if data.get("enable_lora"):
+            data.setdefault("max_loras", DEFAULT_MAX_LORAS)
+            problems.extend(_lora_limit_problems(data))
+        data.setdefault("trust_remote_code", False)  # stays off unless model.json turns it on
         if problems:
             raise ConfigError(source, problems)
         return cls(engine_args=data, environment=environment, serving=serving, model_dir=model_dir)
+
+
+def _lora_limit_problems(data: dict) -> list[str]:
+    problems = []
+    limits = {key: data.get(key) for key in ("max_loras", "max_cpu_loras", "max_lora_rank")}
+    for key, value in limits.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            problems.append(f"{key} must be an integer, got {value!r}")
+        elif value is not None and value < 1:
+            problems.append(f"{key} must be >= 1, got {value}")
+    max_loras, max_cpu_loras = limits["max_loras"], limits["max_cpu_loras"]
+    if not problems and max_cpu_loras is not None and max_cpu_loras < max_loras:
+        problems.append(
+            f"max_cpu_loras ({max_cpu_loras}) must be >= max_loras ({max_loras}): the engine "
+            "keeps every adapter of a batch in its cache"
+        )
+    return problems
 
 
 def _resolve_model_path(model: str, model_dir: Path) -> str:

@@ -26,6 +26,7 @@ WHISPER_IO = {
         "stream",
         "sampling_parameters",
         "lora_name",
+        "adapter_command",
     },
     "outputs": {"text_output", "language", "segments"},
 }
@@ -41,6 +42,7 @@ QWEN_IO = {
         "sampling_parameters",
         "exclude_input_in_output",
         "lora_name",
+        "adapter_command",
     },
     "outputs": {"text_output", "finish_reason", "num_input_tokens", "num_output_tokens"},
 }

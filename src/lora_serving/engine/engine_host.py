@@ -3,25 +3,65 @@
 Triton calls `execute` on its own thread; everything touching the engine runs on the loop thread
 via `submit`. Start-up errors surface in `start()` (the model then fails to load with the real
 error), and `close()` stops the engine processes so no EngineCore outlives the model.
+
+Two optional hooks: `leases` (the adapter fleet) holds the adapter version a job runs on for as
+long as it runs, and `metrics` receives one event per job and vLLM's per-step scheduler counts.
+The LoRA methods (`add_lora`, `remove_lora`, `lora_state`) are what the fleet drives.
 """
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from lora_serving.errors import EngineUnavailable, RequestCancelled, ServingError
+from lora_serving.adapters import Adapter
+from lora_serving.engine.lora_slots import SLOT_IDS_METHOD
+from lora_serving.errors import EngineUnavailable, RequestCancelled, ServingError, UnknownAdapter
 from lora_serving.jobs import GenerationChunk, GenerationJob
+from lora_serving.metrics import (
+    CANCELLED,
+    ERROR,
+    REFUSED,
+    SUCCESS,
+    JobMeter,
+    MetricsSink,
+    adapter_label,
+)
 from lora_serving.settings import EngineSettings
+
+# Bounds on engine utility calls: loading one adapter from a local disk takes far less.
+LOAD_TIMEOUT_S = 120.0
+QUERY_TIMEOUT_S = 15.0
+
+
+class _FixedAdapters:
+    """Leases for a fixed adapter set (no fleet): every job runs on the adapter it names."""
+
+    @contextlib.contextmanager
+    def lease(self, adapter: Adapter | None):
+        yield adapter
 
 
 class EngineHost:
-    def __init__(self, settings: EngineSettings, *, log=print):
+    def __init__(
+        self,
+        settings: EngineSettings,
+        *,
+        log=print,
+        leases=None,
+        metrics: MetricsSink | None = None,
+    ):
         self.settings = settings
         self._log = log
+        # `is None`: an adapter fleet with no adapters yet is falsy (it has a length).
+        self._leases = _FixedAdapters() if leases is None else leases
+        self._metrics = metrics
+        self._slot_ids_available = True
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="engine-loop", daemon=True
@@ -46,7 +86,12 @@ class EngineHost:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(**self.settings.engine_args)
-        return AsyncLLM.from_engine_args(args)
+        stat_loggers = None
+        if self._metrics is not None:
+            from lora_serving.engine.stat_logger import scheduler_load_logger
+
+            stat_loggers = [scheduler_load_logger(self._metrics)]
+        return AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
 
     @property
     def engine(self):
@@ -90,46 +135,118 @@ class EngineHost:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
 
+    # ---- adapters (loop thread) --------------------------------------------------------------
+    async def add_lora(self, adapter: Adapter) -> None:
+        """Load an adapter version into the engine's cache; raises the engine's error if it
+        refuses it (its checks run here, where a failure does not stop the engine)."""
+        call = self.engine.add_lora(adapter.to_lora_request())
+        await self._ask_engine("add_lora", call, LOAD_TIMEOUT_S)
+
+    async def remove_lora(self, int_id: int) -> None:
+        await self._ask_engine("remove_lora", self.engine.remove_lora(int_id), QUERY_TIMEOUT_S)
+
+    async def lora_state(self) -> tuple[set[int], set[int]]:
+        """(ids in the engine's LoRA slots, ids in its adapter cache)."""
+        call = self.engine.list_loras()
+        cached = set(await self._ask_engine("list_loras", call, QUERY_TIMEOUT_S))
+        slots: set[int] = set()
+        if self._slot_ids_available:
+            try:
+                call = self.engine.collective_rpc(SLOT_IDS_METHOD)
+                for worker_ids in await self._ask_engine("slot listing", call, QUERY_TIMEOUT_S):
+                    slots.update(worker_ids)
+            except EngineUnavailable:
+                raise
+            except Exception as err:  # another worker extension in model.json: cache only
+                self._slot_ids_available = False
+                self._log(f"adapter slots cannot be listed ({err!r}); listing the cache only")
+        return slots & cached, cached
+
+    async def _ask_engine(self, what: str, call: Coroutine, timeout_s: float):
+        """An engine utility call, bounded: one sent as the engine dies is never answered."""
+        try:
+            return await asyncio.wait_for(call, timeout_s)
+        except TimeoutError:
+            raise EngineUnavailable(
+                f"the engine did not answer {what} within {timeout_s:g} s"
+            ) from None
+
     # ---- generation (loop thread) ------------------------------------------------------------
     async def generate(
         self, job: GenerationJob, *, stream: bool, is_cancelled=lambda: False
     ) -> AsyncIterator[GenerationChunk]:
         """Yield chunks for one job; the last one has finish_reason set."""
+        meter = JobMeter(adapter=adapter_label(job.adapter))
+        outcome = ERROR
         with self._inflight_lock:
             self._inflight += 1
         try:
-            if job.prepare is not None:
-                await job.prepare(
-                    job, lambda prompt, sampling: self._generate_once(prompt, sampling, job.adapter)
-                )
-            if job.decode is not None:
-                chunks = job.decode(
-                    job,
-                    lambda prompt, sampling: self._stream(
-                        prompt, sampling, job.adapter, stream=stream, is_cancelled=is_cancelled
-                    ),
-                )
-            else:
-                chunks = self._stream(
-                    job.prompt, job.sampling, job.adapter, stream=stream, is_cancelled=is_cancelled
-                )
-            async for chunk in chunks:
-                yield chunk
+            with self._leases.lease(job.adapter) as adapter:
+                job.adapter = adapter  # the version it runs on (a replaced one gives way)
+                async for chunk in self._run(job, stream, is_cancelled, meter):
+                    yield chunk
+            outcome = SUCCESS
+        except UnknownAdapter:  # removed since the request was decoded
+            outcome = REFUSED
+            raise
+        except (RequestCancelled, asyncio.CancelledError, GeneratorExit):
+            outcome = CANCELLED
+            raise
         finally:
             with self._inflight_lock:
                 self._inflight -= 1
+            if self._metrics is not None:
+                self._metrics.record(meter.finished(outcome))
+
+    async def _run(
+        self, job: GenerationJob, stream: bool, is_cancelled, meter: JobMeter
+    ) -> AsyncIterator[GenerationChunk]:
+        if job.prepare is not None:
+            await job.prepare(
+                job,
+                lambda prompt, sampling: self._generate_once(prompt, sampling, job.adapter, meter),
+            )
+
+        def stream_one(prompt, sampling):
+            return self._stream(
+                prompt,
+                sampling,
+                job.adapter,
+                stream=stream,
+                is_cancelled=is_cancelled,
+                meter=meter,
+            )
+
+        if job.decode is not None:
+            chunks = job.decode(job, stream_one)
+        else:
+            chunks = stream_one(job.prompt, job.sampling)
+        async for chunk in chunks:
+            yield chunk
 
     async def _generate_once(
-        self, prompt: Any, sampling: dict[str, Any], adapter=None
+        self, prompt: Any, sampling: dict[str, Any], adapter=None, meter: JobMeter | None = None
     ) -> GenerationChunk:
+        """A preparing request (Whisper's language detection): counted, but not as the job's
+        first token."""
         last = None
-        async for chunk in self._stream(prompt, sampling, adapter, stream=False):
+        async for chunk in self._stream(
+            prompt, sampling, adapter, stream=False, meter=meter, first_token=False
+        ):
             last = chunk
         assert last is not None
         return last
 
     async def _stream(
-        self, prompt, sampling, adapter, *, stream: bool, is_cancelled=lambda: False
+        self,
+        prompt,
+        sampling,
+        adapter,
+        *,
+        stream: bool,
+        is_cancelled=lambda: False,
+        meter: JobMeter | None = None,
+        first_token: bool = True,
     ) -> AsyncIterator[GenerationChunk]:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -143,6 +260,9 @@ class EngineHost:
         lora_request = adapter.to_lora_request() if adapter is not None else None
         sent_chars = 0
         finished = False
+        submitted = time.monotonic()
+        first_token_s = None
+        counts = (0, 0)  # prompt, generated tokens so far
         try:
             async with asyncio.timeout(self.settings.serving.request_timeout_s):
                 async for output in engine.generate(
@@ -164,6 +284,9 @@ class EngineHost:
                     )
                     sent_chars = len(text)
                     finished = output.finished
+                    counts = (chunk.num_prompt_tokens, chunk.num_output_tokens)
+                    if first_token_s is None and chunk.token_ids:
+                        first_token_s = _first_token_latency(output, submitted)
                     yield chunk
         except TimeoutError:
             raise EngineUnavailable(
@@ -180,8 +303,22 @@ class EngineHost:
                 raise EngineUnavailable(f"the engine has failed: {err}") from err
             raise
         finally:
+            if meter is not None:
+                meter.engine_request_done(
+                    submitted=submitted,
+                    prompt_tokens=counts[0],
+                    generation_tokens=counts[1],
+                    first_token_s=first_token_s if first_token else None,
+                )
             if not finished:
                 await engine.abort(request_id)
+
+
+def _first_token_latency(output, submitted: float) -> float:
+    """vLLM's own time from arrival to first token when it kept statistics (a non-streamed
+    request's first output is its last), else the time this output reached us."""
+    latency = getattr(getattr(output, "metrics", None), "first_token_latency", 0.0)
+    return latency if latency and latency > 0 else time.monotonic() - submitted
 
 
 def _chosen_logprobs(completion) -> list[float]:

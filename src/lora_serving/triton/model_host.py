@@ -2,7 +2,9 @@
 
 Request flow: execute -> submit_all: each request is decoded at once (a bad one is answered with
 its error and the others go on), then its jobs run on the engine loop; every response goes out
-through one ResponseSender, and each request gets exactly one FINAL.
+through one ResponseSender, and each request gets exactly one FINAL. A request carrying the
+`adapter_command` input is an operator's command to the adapter fleet (adapter_control),
+answered in text_output as JSON.
 """
 
 import asyncio
@@ -13,15 +15,23 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from lora_serving.adapters import AdapterCatalog
+from lora_serving import adapter_control
+from lora_serving.adapter_fleet import AdapterFleet
+from lora_serving.engine import lora_slots
 from lora_serving.engine.engine_host import EngineHost
-from lora_serving.errors import ConfigError, ServingError
+from lora_serving.errors import ConfigError, InvalidRequest, ServingError
 from lora_serving.jobs import GenerationJob, RequestPlan
+from lora_serving.metrics import UNKNOWN_LABEL, RequestRefused
+from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
 from lora_serving.tasks import load_tokenizer, task_class
 from lora_serving.triton import tensors
 from lora_serving.triton.error_codes import error_response
+from lora_serving.triton.metrics import TritonMetrics
 from lora_serving.triton.response_sender import ResponseSender
+
+COMMAND_INPUT = "adapter_command"
+FLEET_START_TIMEOUT_S = 600.0
 
 
 class ModelHost:
@@ -30,17 +40,19 @@ class ModelHost:
         *,
         model_name: str,
         settings: EngineSettings,
-        catalog: AdapterCatalog,
+        fleet: AdapterFleet,
         engine: EngineHost,
         task,
         input_names,
         output_dtypes,
         logger,
+        metrics: TritonMetrics,
     ):
         self.model_name = model_name
         self.settings = settings
-        self.catalog = catalog
+        self.fleet = fleet
         self.engine = engine
+        self.metrics = metrics
         self.task = task
         self.input_names = input_names
         self.output_dtypes = output_dtypes
@@ -64,18 +76,12 @@ class ModelHost:
             settings = EngineSettings.from_file(model_dir / "model.json")
             kind = task_class(task)
             settings = settings.with_engine_args(kind.engine_overrides(settings))
-            catalog = AdapterCatalog.from_multi_lora_json(
-                settings.multi_lora_path if settings.multi_lora_path.exists() else None,
-                enabled=settings.lora_enabled,
-                max_lora_rank=settings.max_lora_rank,
-                module_check=kind.adapter_module_check(settings),
-            )
+            settings = settings.with_engine_args(_slot_listing(settings))
+            metrics = TritonMetrics(name, logger.log_error)
+            fleet, engine = _start(name, settings, kind, metrics, logger)
         except ConfigError as err:
             raise pb_utils.TritonModelException(f"model '{name}' cannot load: {err}") from None
-        logger.log_info(f"{name}: adapters {catalog.names or 'none'}; starting the vLLM engine")
-        engine = EngineHost(settings, log=logger.log_info)
-        engine.start()
-        task_impl = kind(settings, catalog, load_tokenizer(settings.engine_args["model"]))
+        task_impl = kind(settings, fleet, load_tokenizer(settings.engine_args["model"]))
         input_names = tuple(item["name"] for item in model_config["input"])
         output_dtypes = {
             item["name"]: pb_utils.triton_string_to_numpy(item["data_type"])
@@ -85,12 +91,13 @@ class ModelHost:
         return cls(
             model_name=name,
             settings=settings,
-            catalog=catalog,
+            fleet=fleet,
             engine=engine,
             task=task_impl,
             input_names=input_names,
             output_dtypes=output_dtypes,
             logger=logger,
+            metrics=metrics,
         )
 
     # ---- requests ----------------------------------------------------------------------------
@@ -98,16 +105,50 @@ class ModelHost:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                plan = self.task.build_plan(tensors.read_request(request, self.input_names))
+                raw = tensors.read_request(request, self.input_names)
+                if raw.has(COMMAND_INPUT):
+                    self._submit_command(raw, sender)
+                    continue
+                plan = self.task.build_plan(raw)
                 self.engine.check_available()  # before any work is queued
-            except ServingError as err:
-                self.responses.send(sender, error_response(err), final=True)
-                continue
             except Exception as err:
-                self._log_unexpected(err)
+                if not isinstance(err, ServingError):
+                    self._log_unexpected(err)
+                self.metrics.record(RequestRefused(UNKNOWN_LABEL))
                 self.responses.send(sender, error_response(err), final=True)
                 continue
             self.engine.submit(self._serve(plan, sender))
+
+    # ---- adapter commands --------------------------------------------------------------------
+    def _submit_command(self, raw: RawRequest, sender) -> None:
+        try:
+            others = sorted(name for name in raw.tensors if name != COMMAND_INPUT)
+            if others:
+                raise InvalidRequest(
+                    f"an {COMMAND_INPUT} request carries no other inputs: {others}"
+                )
+            if raw.batch_size != 1:
+                raise InvalidRequest(f"send one {COMMAND_INPUT} per request")
+            command = adapter_control.parse_command(
+                raw.string(COMMAND_INPUT, 0) or "", control=self.settings.serving.adapters.control
+            )
+            self.engine.check_available()
+        except ServingError as err:
+            self.responses.send(sender, error_response(err), final=True)
+            return
+        self.engine.submit(self._command(command, sender))
+
+    async def _command(self, command: adapter_control.AdapterCommand, sender) -> None:
+        try:
+            answer = await adapter_control.run_command(self.fleet, command)
+            row = {"text_output": json.dumps({"model": self.model_name, **answer})}
+            dtypes = {"text_output": self.output_dtypes["text_output"]}
+            self.responses.send(sender, tensors.to_response([row], dtypes), final=True)
+        except ServingError as err:
+            self.responses.send(sender, error_response(err), final=True)
+        except Exception as err:
+            self._log_unexpected(err)
+            self.responses.send(sender, error_response(err), final=True)
 
     async def _serve(self, plan: RequestPlan, sender) -> None:
         try:
@@ -154,5 +195,48 @@ class ModelHost:
         return self.engine.is_healthy()
 
     def close(self) -> None:
+        try:
+            self.engine.submit(self.fleet.stop()).result(timeout=10)
+        except Exception as err:  # closing anyway
+            self.logger.log_warn(f"{self.model_name}: stopping adapter rescans: {err!r}")
         self.engine.close()
+        self.fleet.close()
         self.responses.close()
+        self.metrics.close()
+
+
+def _start(name: str, settings: EngineSettings, kind, metrics: TritonMetrics, logger):
+    """Check every adapter, start the engine, load the adapters into it: (fleet, engine).
+
+    ConfigError (a bad multi_lora.json adapter) fails the load; nothing is left running.
+    """
+    fleet = AdapterFleet.from_settings(
+        settings,
+        label=name,
+        module_check=kind.adapter_module_check(settings),
+        log=logger.log_info,
+        warn=logger.log_warn,
+        metrics=metrics,
+    )
+    engine = None
+    try:
+        fleet.prepare()  # before the engine starts: a bad adapter costs no engine start
+        logger.log_info(f"{name}: starting the vLLM engine")
+        engine = EngineHost(settings, log=logger.log_info, leases=fleet, metrics=metrics)
+        engine.start()
+        engine.submit(fleet.start(engine)).result(timeout=FLEET_START_TIMEOUT_S)
+    except BaseException:
+        if engine is not None:
+            engine.close(drain_timeout_s=0)
+        fleet.close()
+        metrics.close()
+        raise
+    logger.log_info(f"{name}: serving adapters {sorted(fleet.names) or 'none'}")
+    return fleet, engine
+
+
+def _slot_listing(settings: EngineSettings) -> dict:
+    """Let the listing tell adapters in the engine's LoRA slots from cached ones."""
+    if not settings.lora_enabled or settings.engine_args.get("worker_extension_cls"):
+        return {}
+    return {"worker_extension_cls": lora_slots.EXTENSION}

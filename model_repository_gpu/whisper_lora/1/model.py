@@ -1,0 +1,26 @@
+"""whisper_lora: speech -> text with the LoRA adapter each request names (parameter `lora_name`).
+
+Inputs: `audio` (FP32 samples, padded rows + `audio_length`) + `sample_rate`, or `audio_file`
+(wav/flac/ogg/mp3 bytes); optional `language`, `task`, `prompt`, `timestamps`, `stream`,
+`sampling_parameters`, `lora_name`. Outputs per batch row: `text_output`, `language`, `segments`
+(JSON). Audio longer than 30 s is decoded in windows and stitched. Decoupled: one response per
+request, or a stream of partial texts with `stream`.
+"""
+
+import triton_python_backend_utils as pb_utils  # noqa: F401 - loaded by Triton's stub
+
+from lora_serving.triton.model_host import ModelHost
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.host = ModelHost.from_args(args, task="transcription")
+
+    def execute(self, requests):
+        self.host.submit_all(requests)  # decoupled: answers go through each response sender
+
+    def is_ready(self):
+        return self.host.is_ready()
+
+    def finalize(self):
+        self.host.close()  # let in-flight requests finish, then stop the engine

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Lints what ships for GPUs, offline once its linters are installed:
+#   docker/Dockerfile              hadolint
+#   docker/compose.yaml            the compose-spec JSON schema (check-jsonschema's vendored copy)
+#   k8s/*.yaml                     Kubernetes' JSON schemas, strict (no unknown fields), for the
+#                                  oldest and newest Kubernetes versions we target
+#   docker/compose.yaml, k8s/      yamllint
+#   docker/entrypoint.sh, scripts/lint_deploy.sh, scripts/gpu_check.sh   shellcheck
+# The cross-checks between these files (ports, labels, volumes, model.json paths, metric names)
+# are unit tests: tests/unit/test_deploy_*.py.
+#
+# The linters are pinned in requirements/lint.txt and installed on first use into their own
+# virtual environment under ${LORA_SERVING_CACHE:-~/.cache/lora-serving} (never into .venv),
+# again only when the lock changes. Exit status: 0 when every linter passes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LOCK=requirements/lint.txt
+CACHE=${LORA_SERVING_CACHE:-$HOME/.cache/lora-serving}
+TOOLS=$CACHE/lint-tools
+# Kubernetes versions the manifests are checked against (kubernetes-validate ships 1.25-1.37).
+KUBE_VERSIONS=(1.30.0 1.37.0)
+MANIFESTS=(k8s/pvc.yaml k8s/deployment.yaml k8s/service.yaml k8s/hpa.yaml)
+SHELL_SCRIPTS=(docker/entrypoint.sh scripts/lint_deploy.sh scripts/gpu_check.sh)
+YAMLLINT_CONFIG='{extends: default, rules: {line-length: {max: 100}, document-start: disable}}'
+
+install_tools() {
+  local stamp
+  stamp="$TOOLS/.lock-$(sha256sum "$LOCK" | cut -c1-16)"
+  [[ -f "$stamp" ]] && return 0
+  echo "lint_deploy: installing the pinned linters ($LOCK) into $TOOLS"
+  rm -rf "$TOOLS"
+  local python=${PYTHON:-python3.11}
+  command -v "$python" >/dev/null || python=python3
+  if [[ -x .venv/bin/uv ]]; then
+    .venv/bin/uv venv -q --python "$(command -v "$python")" "$TOOLS"
+    .venv/bin/uv pip install -q --python "$TOOLS/bin/python" --no-deps -r "$LOCK"
+  else
+    "$python" -m venv "$TOOLS"
+    "$TOOLS/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$LOCK"
+  fi
+  touch "$stamp"
+}
+
+failures=()
+run() {  # run NAME COMMAND...: print the command's findings, remember a failure, go on
+  local name=$1
+  shift
+  echo "== $name"
+  if "$@"; then
+    echo "   ok"
+  else
+    failures+=("$name")
+  fi
+}
+
+install_tools
+bin=$TOOLS/bin
+
+run "hadolint docker/Dockerfile" "$bin/hadolint" --no-color docker/Dockerfile
+run "compose-spec schema: docker/compose.yaml" \
+  "$bin/check-jsonschema" --builtin-schema vendor.compose-spec docker/compose.yaml
+for version in "${KUBE_VERSIONS[@]}"; do
+  run "kubernetes-validate --strict (Kubernetes $version): ${MANIFESTS[*]}" \
+    "$bin/kubernetes-validate" --strict --no-warn -k "$version" "${MANIFESTS[@]}"
+done
+run "yamllint docker/compose.yaml k8s/" "$bin/yamllint" --strict -d "$YAMLLINT_CONFIG" \
+  docker/compose.yaml k8s
+run "shellcheck ${SHELL_SCRIPTS[*]}" "$bin/shellcheck" "${SHELL_SCRIPTS[@]}"
+
+if ((${#failures[@]})); then
+  echo "lint_deploy: FAILED: ${failures[*]}" >&2
+  exit 1
+fi
+echo "lint_deploy: all passed"
