@@ -25,6 +25,10 @@ class EngineUnavailable(ServingError):
     """The engine is dead, shutting down or not started. Maps to UNAVAILABLE."""
 
 
+class RequestTimedOut(EngineUnavailable):
+    """The request ran longer than its timeout and was stopped. Maps to UNAVAILABLE."""
+
+
 class RequestCancelled(ServingError):
     """The client cancelled the request. Maps to CANCELLED."""
 

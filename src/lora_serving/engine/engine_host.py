@@ -20,8 +20,14 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from lora_serving.adapters import Adapter
+from lora_serving.engine.job_guard import JobGuard
 from lora_serving.engine.lora_slots import SLOT_IDS_METHOD
-from lora_serving.errors import EngineUnavailable, RequestCancelled, ServingError, UnknownAdapter
+from lora_serving.errors import (
+    EngineUnavailable,
+    RequestCancelled,
+    ServingError,
+    UnknownAdapter,
+)
 from lora_serving.jobs import GenerationChunk, GenerationJob
 from lora_serving.metrics import (
     CANCELLED,
@@ -108,6 +114,19 @@ class EngineHost:
     def is_healthy(self) -> bool:
         return self._engine is not None and not self._closing and not self._engine.errored
 
+    def watch(self, on_failure, interval_s: float = 1.0) -> None:
+        """Call `on_failure(error)` once, on the loop thread, if the engine dies while serving
+        (its EngineCore process killed or crashed); not when it is closed on purpose."""
+
+        async def watch_loop():
+            while not self._closing:
+                await asyncio.sleep(interval_s)
+                if self._engine is not None and self._engine.errored and not self._closing:
+                    on_failure(self._engine.dead_error)
+                    return
+
+        self.submit(watch_loop())
+
     def tokenizer(self):
         return self.engine.get_tokenizer()
 
@@ -173,18 +192,30 @@ class EngineHost:
 
     # ---- generation (loop thread) ------------------------------------------------------------
     async def generate(
-        self, job: GenerationJob, *, stream: bool, is_cancelled=lambda: False
+        self,
+        job: GenerationJob,
+        *,
+        stream: bool,
+        is_cancelled=lambda: False,
+        timeout_s: float | None = None,
     ) -> AsyncIterator[GenerationChunk]:
-        """Yield chunks for one job; the last one has finish_reason set."""
+        """Yield chunks for one job; the last one has finish_reason set.
+
+        The job ends with RequestCancelled once `is_cancelled()` says so, and with
+        RequestTimedOut after `timeout_s` (at most serving.request_timeout_s): all of its
+        engine requests are aborted then."""
         meter = JobMeter(adapter=adapter_label(job.adapter))
         outcome = ERROR
+        limit = self.settings.serving.request_timeout_s
+        timeout_s = min(timeout_s, limit) if timeout_s else limit
         with self._inflight_lock:
             self._inflight += 1
         try:
-            with self._leases.lease(job.adapter) as adapter:
-                job.adapter = adapter  # the version it runs on (a replaced one gives way)
-                async for chunk in self._run(job, stream, is_cancelled, meter):
-                    yield chunk
+            async with JobGuard(timeout_s, is_cancelled):
+                with self._leases.lease(job.adapter) as adapter:
+                    job.adapter = adapter  # the version it runs on (a replaced one gives way)
+                    async for chunk in self._run(job, stream, meter):
+                        yield chunk
             outcome = SUCCESS
         except UnknownAdapter:  # removed since the request was decoded
             outcome = REFUSED
@@ -199,7 +230,7 @@ class EngineHost:
                 self._metrics.record(meter.finished(outcome))
 
     async def _run(
-        self, job: GenerationJob, stream: bool, is_cancelled, meter: JobMeter
+        self, job: GenerationJob, stream: bool, meter: JobMeter
     ) -> AsyncIterator[GenerationChunk]:
         if job.prepare is not None:
             await job.prepare(
@@ -213,7 +244,6 @@ class EngineHost:
                 sampling,
                 job.adapter,
                 stream=stream,
-                is_cancelled=is_cancelled,
                 meter=meter,
             )
 
@@ -244,7 +274,6 @@ class EngineHost:
         adapter,
         *,
         stream: bool,
-        is_cancelled=lambda: False,
         meter: JobMeter | None = None,
         first_token: bool = True,
     ) -> AsyncIterator[GenerationChunk]:
@@ -264,34 +293,25 @@ class EngineHost:
         first_token_s = None
         counts = (0, 0)  # prompt, generated tokens so far
         try:
-            async with asyncio.timeout(self.settings.serving.request_timeout_s):
-                async for output in engine.generate(
-                    prompt, params, request_id, lora_request=lora_request
-                ):
-                    if is_cancelled():
-                        raise RequestCancelled("request cancelled by the client")
-                    completion = output.outputs[0]
-                    text = completion.text
-                    chunk = GenerationChunk(
-                        text=text,
-                        delta=text[sent_chars:],
-                        token_ids=list(completion.token_ids),
-                        logprobs=_chosen_logprobs(completion),
-                        num_prompt_tokens=len(output.prompt_token_ids or []),
-                        finish_reason=(completion.finish_reason or "stop")
-                        if output.finished
-                        else None,
-                    )
-                    sent_chars = len(text)
-                    finished = output.finished
-                    counts = (chunk.num_prompt_tokens, chunk.num_output_tokens)
-                    if first_token_s is None and chunk.token_ids:
-                        first_token_s = _first_token_latency(output, submitted)
-                    yield chunk
-        except TimeoutError:
-            raise EngineUnavailable(
-                f"request exceeded the {self.settings.serving.request_timeout_s:g} s timeout"
-            ) from None
+            async for output in engine.generate(
+                prompt, params, request_id, lora_request=lora_request
+            ):
+                completion = output.outputs[0]
+                text = completion.text
+                chunk = GenerationChunk(
+                    text=text,
+                    delta=text[sent_chars:],
+                    token_ids=list(completion.token_ids),
+                    logprobs=_chosen_logprobs(completion),
+                    num_prompt_tokens=len(output.prompt_token_ids or []),
+                    finish_reason=(completion.finish_reason or "stop") if output.finished else None,
+                )
+                sent_chars = len(text)
+                finished = output.finished
+                counts = (chunk.num_prompt_tokens, chunk.num_output_tokens)
+                if first_token_s is None and chunk.token_ids:
+                    first_token_s = _first_token_latency(output, submitted)
+                yield chunk
         except ServingError:
             raise
         except asyncio.CancelledError:

@@ -10,6 +10,7 @@ answered in text_output as JSON.
 import asyncio
 import json
 import locale
+import threading
 import traceback
 from pathlib import Path
 
@@ -58,6 +59,7 @@ class ModelHost:
         self.output_dtypes = output_dtypes
         self.logger = logger
         self.responses = ResponseSender(logger.log_error)
+        engine.watch(self._engine_died)
 
     @classmethod
     def from_args(cls, args: dict, *, task: str) -> "ModelHost":
@@ -117,7 +119,7 @@ class ModelHost:
                 self.metrics.record(RequestRefused(UNKNOWN_LABEL))
                 self.responses.send(sender, error_response(err), final=True)
                 continue
-            self.engine.submit(self._serve(plan, sender))
+            self.engine.submit(self._serve(plan, sender, _timeout_s(request)))
 
     # ---- adapter commands --------------------------------------------------------------------
     def _submit_command(self, raw: RawRequest, sender) -> None:
@@ -150,13 +152,16 @@ class ModelHost:
             self._log_unexpected(err)
             self.responses.send(sender, error_response(err), final=True)
 
-    async def _serve(self, plan: RequestPlan, sender) -> None:
+    async def _serve(self, plan: RequestPlan, sender, timeout_s: float | None) -> None:
         try:
             if plan.stream:
-                await self._stream(plan.jobs[0], sender)
+                await self._stream(plan.jobs[0], sender, timeout_s)
             else:
                 async with asyncio.TaskGroup() as group:
-                    runs = [group.create_task(self._final_chunk(job, sender)) for job in plan.jobs]
+                    runs = [
+                        group.create_task(self._final_chunk(job, sender, timeout_s))
+                        for job in plan.jobs
+                    ]
                 rows = [
                     self.task.render(job, run.result(), stream=False)
                     for job, run in zip(plan.jobs, runs, strict=True)
@@ -170,16 +175,19 @@ class ModelHost:
             self._log_unexpected(group.exceptions[0])
             self.responses.send(sender, error_response(group.exceptions[0]), final=True)
 
-    async def _final_chunk(self, job: GenerationJob, sender):
+    async def _final_chunk(self, job: GenerationJob, sender, timeout_s: float | None):
         last = None
         async for chunk in self.engine.generate(
-            job, stream=False, is_cancelled=sender.is_cancelled
+            job, stream=False, is_cancelled=sender.is_cancelled, timeout_s=timeout_s
         ):
             last = chunk
         return last
 
-    async def _stream(self, job: GenerationJob, sender) -> None:
-        async for chunk in self.engine.generate(job, stream=True, is_cancelled=sender.is_cancelled):
+    async def _stream(self, job: GenerationJob, sender, timeout_s: float | None) -> None:
+        chunks = self.engine.generate(
+            job, stream=True, is_cancelled=sender.is_cancelled, timeout_s=timeout_s
+        )
+        async for chunk in chunks:
             if chunk.finished or chunk.delta:
                 row = self.task.render(job, chunk, stream=True)
                 self.responses.send(
@@ -192,7 +200,29 @@ class ModelHost:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def is_ready(self) -> bool:
+        """Called by Triton servers that support a model's own readiness (python_backend 26.03
+        and later); Triton 2.51 never asks, hence `_engine_died`."""
         return self.engine.is_healthy()
+
+    def _engine_died(self, error) -> None:
+        """The engine is gone: every request now fails with UNAVAILABLE. Triton 2.51's Python
+        backend has no way for a model to say it is not ready, so the model unloads itself
+        (Triton then reports it not ready and refuses its requests); loading it again through
+        the repository API starts a new engine."""
+        self.logger.log_error(
+            f"{self.model_name}: the vLLM engine died ({error}); unloading the model. "
+            "Load it again through Triton's repository API to recover."
+        )
+        threading.Thread(target=self._unload_self, name="unload-self", daemon=True).start()
+
+    def _unload_self(self) -> None:
+        try:
+            pb_utils.unload_model(self.model_name)
+        except Exception as err:  # e.g. --model-control-mode=none: requests keep failing cleanly
+            self.logger.log_error(
+                f"{self.model_name}: could not unload itself ({err}); its requests fail with "
+                "UNAVAILABLE until the server restarts"
+            )
 
     def close(self) -> None:
         try:
@@ -233,6 +263,15 @@ def _start(name: str, settings: EngineSettings, kind, metrics: TritonMetrics, lo
         raise
     logger.log_info(f"{name}: serving adapters {sorted(fleet.names) or 'none'}")
     return fleet, engine
+
+
+def _timeout_s(request) -> float | None:
+    """The client's own request timeout (microseconds in Triton's protocol), if it set one."""
+    try:
+        timeout_us = request.timeout()
+    except Exception:  # not offered by this backend version
+        return None
+    return timeout_us / 1e6 if timeout_us else None
 
 
 def _slot_listing(settings: EngineSettings) -> dict:
