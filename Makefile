@@ -67,3 +67,13 @@ BENCH_ARGS ?=
 .PHONY: bench
 bench: setup
 	@$(PY) -m lora_serving.bench $(BENCH_ARGS)
+
+# ---- Soak (issue 8) ---------------------------------------------------------------------------
+# Mixed adapters, both models, streamed and not, against a tritonserver of its own; reports
+# requests, errors, p50/p99 latency and the server's RSS after warm-up and at the end; fails on
+# any error or >= 5 % RSS growth. make soak SOAK_ARGS="--duration 600 --concurrency 4"
+# (a running server: SOAK_ARGS="--grpc-url 127.0.0.1:8001 --server-pid PID").
+SOAK_ARGS ?= --duration 600 --concurrency 4
+.PHONY: soak
+soak: setup
+	@$(PY) -m lora_serving.soak $(SOAK_ARGS)

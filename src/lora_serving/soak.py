@@ -1,0 +1,255 @@
+"""Soak test: mixed adapters, both models, streamed and not, for a while; then the figures.
+
+`make soak` (or `python -m lora_serving.soak`) starts a tritonserver of its own on free ports, or
+uses a running one (`--grpc-url` and `--server-pid`). Each of `--concurrency` workers sends
+requests in turn from a fixed mix (whisper_lora and qwen_vl_lora; base, alpha, beta; streamed and
+not). After `--warmup` seconds the server's process-tree RSS is taken as the start; at the end
+again. It reports requests, errors, p50/p99 latency and RSS, and exits 1 on any error or on RSS
+growth of `--max-rss-growth` (default 5 %) or more.
+"""
+
+import argparse
+import io
+import itertools
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ADAPTERS = (None, "alpha", "beta")
+MODELS = ("whisper_lora", "qwen_vl_lora")
+SPEECH = "Soak testing keeps the server honest, one request after another."
+
+
+@dataclass
+class SoakReport:
+    duration_s: float
+    concurrency: int
+    requests: int = 0
+    errors: int = 0
+    error_samples: list[str] = field(default_factory=list)
+    latency_p50_s: float = 0.0
+    latency_p99_s: float = 0.0
+    requests_by_model: dict[str, int] = field(default_factory=dict)
+    rss_start_mib: float = 0.0
+    rss_end_mib: float = 0.0
+
+    @property
+    def rss_growth(self) -> float:
+        return self.rss_end_mib / self.rss_start_mib - 1 if self.rss_start_mib else 0.0
+
+    def passed(self, max_rss_growth: float) -> bool:
+        return self.requests > 0 and self.errors == 0 and self.rss_growth < max_rss_growth
+
+    def summary(self) -> str:
+        by_model = ", ".join(f"{name} {count}" for name, count in self.requests_by_model.items())
+        return (
+            f"soak {self.duration_s:.0f} s, concurrency {self.concurrency}: "
+            f"{self.requests} requests ({by_model}), {self.errors} errors, "
+            f"latency p50 {self.latency_p50_s:.2f} s, p99 {self.latency_p99_s:.2f} s, "
+            f"server RSS {self.rss_start_mib:.0f} MiB after warm-up -> "
+            f"{self.rss_end_mib:.0f} MiB at the end ({self.rss_growth:+.1%})"
+        )
+
+
+def percentile(values: list[float], share: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, round(share * len(ordered) + 0.5 - 1e-9))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def tree_rss_mib(pid: int) -> float:
+    """RSS of a process and all its descendants (stubs, EngineCores, workers)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            total += process.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 2**20
+
+
+def request_mix() -> list[tuple[str, dict, dict | None]]:
+    """(model, fields, parameters) for every model x adapter x streaming combination."""
+    from lora_client.requests import transcription_fields, vision_fields
+
+    speech = _speech()
+    image = _picture()
+    mix = []
+    for stream, adapter in itertools.product((False, True), ADAPTERS):
+        parameters = {"lora_name": adapter} if adapter else None
+        mix.append(
+            (
+                "whisper_lora",
+                transcription_fields(speech, language="en", stream=stream, max_tokens=32),
+                parameters,
+            )
+        )
+        mix.append(
+            (
+                "qwen_vl_lora",
+                vision_fields("Describe this image.", [image], stream=stream, max_tokens=24),
+                parameters,
+            )
+        )
+    return mix
+
+
+def _speech() -> bytes:
+    if not shutil.which("espeak-ng"):
+        raise SystemExit("espeak-ng is missing: run `make setup`")
+    wav = subprocess.run(["espeak-ng", "--stdout", SPEECH], check=True, capture_output=True)
+    return wav.stdout
+
+
+def _picture() -> bytes:
+    from PIL import Image
+
+    image = Image.new("RGB", (96, 64), (40, 120, 200))
+    for x in range(0, 96, 6):
+        image.putpixel((x, x % 64), (255, 255, 0))
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def run(
+    grpc_url: str,
+    server_pid: int,
+    *,
+    duration_s: float,
+    concurrency: int,
+    warmup_s: float,
+    models: tuple[str, ...] = MODELS,
+    log=print,
+) -> SoakReport:
+    """Send the mix for warmup_s + duration_s; only requests after the warm-up are counted."""
+    from lora_client.requests import RequestError, grpc_stream
+
+    mix = [item for item in request_mix() if item[0] in models]
+    report = SoakReport(duration_s=duration_s, concurrency=concurrency)
+    lock = threading.Lock()
+    latencies: list[float] = []
+    measuring = threading.Event()
+    stop = threading.Event()
+
+    def one(model, fields, parameters) -> str | None:
+        try:
+            replies = list(grpc_stream(grpc_url, model, fields, parameters, timeout_s=120))
+        except (RequestError, OSError) as err:
+            return str(err)
+        except Exception as err:  # tritonclient's own errors (stream broken, timeout)
+            return repr(err)
+        if not replies or not replies[-1].final or not replies[-1].outputs.get("text_output"):
+            return "no final response with text_output"
+        return None
+
+    def worker(offset: int) -> None:
+        for model, fields, parameters in itertools.islice(itertools.cycle(mix), offset, None):
+            if stop.is_set():
+                return
+            counted = measuring.is_set()
+            start = time.monotonic()
+            error = one(model, fields, parameters)
+            elapsed = time.monotonic() - start
+            if not counted:  # started during the warm-up
+                continue
+            with lock:
+                report.requests += 1
+                report.requests_by_model[model] = report.requests_by_model.get(model, 0) + 1
+                latencies.append(elapsed)
+                if error:
+                    report.errors += 1
+                    if len(report.error_samples) < 10:
+                        report.error_samples.append(f"{model} {parameters}: {error}")
+
+    threads = [
+        threading.Thread(target=worker, args=(i * 5,), daemon=True) for i in range(concurrency)
+    ]
+    for thread in threads:
+        thread.start()
+    log(f"warming up for {warmup_s:g} s ...")
+    time.sleep(warmup_s)
+    report.rss_start_mib = tree_rss_mib(server_pid)
+    measuring.set()
+    log(f"soaking for {duration_s:g} s with {concurrency} workers ...")
+    time.sleep(duration_s)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=150)
+    report.rss_end_mib = tree_rss_mib(server_pid)
+    report.latency_p50_s = percentile(latencies, 0.50)
+    report.latency_p99_s = percentile(latencies, 0.99)
+    return report
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=600, help="seconds measured")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--warmup", type=float, default=60, help="seconds before measuring")
+    parser.add_argument("--max-rss-growth", type=float, default=0.05)
+    parser.add_argument("--grpc-url", help="a running server (needs --server-pid)")
+    parser.add_argument("--server-pid", type=int, help="tritonserver's pid, for its RSS")
+    parser.add_argument("--report", type=Path, help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    if bool(args.grpc_url) != bool(args.server_pid):
+        parser.error("--grpc-url and --server-pid go together")
+
+    server = None
+    if args.grpc_url:
+        grpc_url, pid = args.grpc_url, args.server_pid
+    else:
+        from lora_serving.launcher import REPO_ROOT, TritonServer
+
+        server = TritonServer(
+            REPO_ROOT / "model_repository",
+            http=_free_port(),
+            grpc=_free_port(),
+            metrics=_free_port(),
+            log_path=Path("/tmp") / f"soak-tritonserver-{int(time.time())}.log",
+        )
+        print(f"starting tritonserver (log: {server.log_path}) ...", flush=True)
+        server.wait_ready(timeout_s=900)
+        grpc_url, pid = f"127.0.0.1:{server.grpc}", server.process.pid
+    try:
+        report = run(
+            grpc_url,
+            pid,
+            duration_s=args.duration,
+            concurrency=args.concurrency,
+            warmup_s=args.warmup,
+            log=lambda line: print(line, flush=True),
+        )
+    finally:
+        if server is not None:
+            server.stop()
+    print(report.summary())
+    for sample in report.error_samples:
+        print(f"  error: {sample}")
+    if args.report:
+        args.report.write_text(
+            json.dumps({**asdict(report), "rss_growth": report.rss_growth}, indent=2)
+        )
+    return 0 if report.passed(args.max_rss_growth) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
