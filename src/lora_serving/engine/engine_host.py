@@ -150,6 +150,9 @@ class EngineHost:
                 self._engine.shutdown()
             except Exception as err:  # shutting down anyway; report, don't mask the close
                 self._log(f"engine shutdown raised: {err!r}")
+            # A dead engine keeps its error, whose traceback holds our request frames (and
+            # Triton's response senders): let them go now, not at interpreter exit.
+            self._engine = None
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
@@ -320,7 +323,9 @@ class EngineHost:
             raise _invalid(err) from None
         except Exception as err:
             if self._engine is not None and self._engine.errored:
-                raise EngineUnavailable(f"the engine has failed: {err}") from err
+                # vLLM raises one error object in every request: keep no frames of ours on it.
+                err.with_traceback(None)
+                raise EngineUnavailable(f"the engine has failed: {err}") from None
             raise
         finally:
             if meter is not None:

@@ -8,6 +8,7 @@ answered in text_output as JSON.
 """
 
 import asyncio
+import gc
 import json
 import locale
 import threading
@@ -233,6 +234,10 @@ class ModelHost:
         self.fleet.close()
         self.responses.close()
         self.metrics.close()
+        # Response senders still referenced from old tracebacks must go while the stub can
+        # release them: collected at interpreter exit, they crash the stub (seen after an
+        # engine death).
+        gc.collect()
 
 
 def _start(name: str, settings: EngineSettings, kind, metrics: TritonMetrics, logger):
