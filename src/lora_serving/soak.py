@@ -13,6 +13,7 @@ import io
 import itertools
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -194,6 +195,10 @@ def run(
     return report
 
 
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -214,22 +219,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--grpc-url and --server-pid go together")
 
     server = None
-    if args.grpc_url:
-        grpc_url, pid = args.grpc_url, args.server_pid
-    else:
-        from lora_serving.launcher import REPO_ROOT, TritonServer
-
-        server = TritonServer(
-            REPO_ROOT / "model_repository",
-            http=_free_port(),
-            grpc=_free_port(),
-            metrics=_free_port(),
-            log_path=Path("/tmp") / f"soak-tritonserver-{int(time.time())}.log",
-        )
-        print(f"starting tritonserver (log: {server.log_path}) ...", flush=True)
-        server.wait_ready(timeout_s=900)
-        grpc_url, pid = f"127.0.0.1:{server.grpc}", server.process.pid
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it (and its server) like Ctrl-C
     try:
+        if args.grpc_url:
+            grpc_url, pid = args.grpc_url, args.server_pid
+        else:
+            from lora_serving.launcher import REPO_ROOT, TritonServer
+
+            server = TritonServer(
+                REPO_ROOT / "model_repository",
+                http=_free_port(),
+                grpc=_free_port(),
+                metrics=_free_port(),
+                log_path=Path("/tmp") / f"soak-tritonserver-{int(time.time())}.log",
+            )
+            print(f"starting tritonserver (log: {server.log_path}) ...", flush=True)
+            server.wait_ready(timeout_s=900)
+            grpc_url, pid = f"127.0.0.1:{server.grpc}", server.process.pid
         report = run(
             grpc_url,
             pid,

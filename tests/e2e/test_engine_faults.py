@@ -99,6 +99,8 @@ def in_background(call, *args) -> tuple[threading.Thread, dict]:
 def test_engine_death_makes_the_model_not_ready_and_a_reload_recovers_it(own_server, url, short):
     client = grpcclient.InferenceServerClient(url)
     assert grpc_one(url, MODEL, short).error is None
+    # Our vLLM plugin armed the EngineCore to die with the stub (see the SIGTERM test).
+    assert "die_with_parent" in own_server.log_path.read_text(errors="replace")
     stub = stub_of(own_server)
     [engine] = engine_cores(stub)
 

@@ -3,6 +3,8 @@
 - cpu_no_lora_index (defect 1, CPU only): a request without an adapter gets zero LoRA delta.
 - whisper_encoder_lora (defect 2, every platform): Whisper takes per-request LoRA on its
   encoder and cross-attention kv_proj.
+- die_with_parent (not a defect): an EngineCore or worker dies with the process that started it,
+  so a crashed Triton stub leaves no engine behind.
 
 vLLM calls `register()` in every process it starts (entry point group `vllm.general_plugins`,
 filtered by `VLLM_PLUGINS`), possibly more than once. vLLM logs and ignores a plugin that fails to
@@ -72,6 +74,11 @@ def register() -> None:
             "whisper_encoder_lora (Whisper encoder and cross-attention kv_proj take per-request "
             "LoRA through the tower mapping; needs enable_tower_connector_lora=True)"
         )
+
+    from . import die_with_parent
+
+    if die_with_parent.apply():
+        applied.append("die_with_parent (killed when the process that started it dies)")
 
     if applied:
         logger.info("lora_serving plugin (vLLM %s): applied %s", version, "; ".join(applied))
