@@ -35,9 +35,10 @@ from lora_serving.adapter_sources import (
     Candidate,
     Snapshots,
     SourceScan,
+    fingerprint,
 )
 from lora_serving.adapters import Adapter, check_adapter_name, load_adapter
-from lora_serving.errors import ConfigError, InvalidRequest, UnknownAdapter
+from lora_serving.errors import AdapterUnavailable, ConfigError, InvalidRequest, UnknownAdapter
 from lora_serving.metrics import AdapterStates, MetricsSink, NoMetrics
 from lora_serving.settings import EngineSettings
 
@@ -64,9 +65,11 @@ Validate = Callable[..., Adapter]  # load_adapter with the model's limits bound
 class _Version:
     adapter: Adapter
     candidate: Candidate  # where it came from, as last scanned
+    snapshot: tuple = ()  # fingerprint of the snapshot the engine reads, as checked
     in_flight: int = 0
     retired: bool = False
     dropped: bool = False
+    broken: bool = False  # its snapshot changed on disk (reported once)
 
 
 @dataclass
@@ -212,9 +215,27 @@ class AdapterFleet:
             return
         version = self._acquire(adapter)
         try:
+            self._check_snapshot(version)
             yield version.adapter
         finally:
             self._release(version)
+
+    def _check_snapshot(self, version: _Version) -> None:
+        """The engine reads a version's snapshot whenever it is not in its adapter cache, and
+        vLLM fails the whole engine on weights it cannot load: refuse the request instead if
+        the checked files were changed or deleted (two stat calls)."""
+        if fingerprint(version.adapter.path) == version.snapshot:
+            return
+        name = version.adapter.name
+        message = (
+            f"adapter '{name}' cannot be served: its checked snapshot {version.adapter.path} "
+            f"was changed or deleted on disk; `load {name}` (or a rescan after changing its "
+            "folder) takes it again"
+        )
+        if not version.broken:
+            version.broken = True
+            self._warn(message)
+        raise AdapterUnavailable(message)
 
     def _acquire(self, adapter: Adapter) -> _Version:
         with self._lock:
@@ -469,7 +490,7 @@ class AdapterFleet:
 
     async def _publish(self, adapter: Adapter, candidate: Candidate) -> bool:
         """Serve `adapter` under its name; True if it replaced a version (now retiring)."""
-        version = _Version(adapter, candidate)
+        version = _Version(adapter, candidate, snapshot=fingerprint(adapter.path))
         with self._lock:
             old = self._serving.get(adapter.name)
             self._serving[adapter.name] = version

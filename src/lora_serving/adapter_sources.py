@@ -224,6 +224,7 @@ class Snapshots:
                     if real_root is not None and not _inside(real, real_root):
                         raise ConfigError(str(source), [f"{name} links outside the adapter root"])
                     _copy_file(real, target / name)
+                    (target / name).chmod(0o444)  # what was checked is not to be edited
         except OSError as err:
             self.remove(target)
             raise ConfigError(str(source), [f"cannot copy the adapter: {err}"]) from None

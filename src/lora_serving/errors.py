@@ -25,6 +25,11 @@ class EngineUnavailable(ServingError):
     """The engine is dead, shutting down or not started. Maps to UNAVAILABLE."""
 
 
+class AdapterUnavailable(ServingError):
+    """The adapter is known but cannot be served now (its checked files changed on disk).
+    Maps to UNAVAILABLE."""
+
+
 class RequestTimedOut(EngineUnavailable):
     """The request ran longer than its timeout and was stopped. Maps to UNAVAILABLE."""
 

@@ -13,7 +13,7 @@ from lora_serving.adapter_checks import BaseModel
 from lora_serving.adapter_fleet import AdapterFleet
 from lora_serving.adapter_sources import AdapterSources, Snapshots
 from lora_serving.adapters import load_adapter
-from lora_serving.errors import ConfigError, InvalidRequest, UnknownAdapter
+from lora_serving.errors import AdapterUnavailable, ConfigError, InvalidRequest, UnknownAdapter
 from lora_serving.metrics import AdapterStates
 from tests.unit.adapter_factory import make_adapter, make_base, publish
 
@@ -198,6 +198,38 @@ def test_add_replace_remove_by_rescan(tmp_path, world):
 
     run(fleet, engine, scenario)
     assert any("added ['fresh']" in line for line in logs)
+
+
+def test_a_tampered_snapshot_refuses_only_its_own_requests(tmp_path, world):
+    """The engine may re-read a snapshot at any time: changed or deleted files must give a
+    per-request error, never weights the checks did not see."""
+    _, root, _, logs = world
+    for name in ("a", "b"):
+        publish(staged(world, name), root, name)
+    fleet = new_fleet(tmp_path, world)
+
+    async def scenario():
+        a, b = fleet.resolve("a"), fleet.resolve("b")
+        weights = a.path / "adapter_model.safetensors"
+        assert not os.access(weights, os.W_OK) or os.geteuid() == 0  # read-only copies
+        weights.chmod(0o644)
+        weights.write_bytes(b"garbage")
+        for _ in range(2):
+            with pytest.raises(AdapterUnavailable, match="'a' cannot be served: its checked"):
+                with fleet.lease(a):
+                    pass
+        assert sum("'a' cannot be served" in line for line in logs) == 1  # warned once
+        with fleet.lease(b) as running:
+            assert running == b
+        (b.path / "adapter_model.safetensors").unlink()
+        with pytest.raises(AdapterUnavailable, match="'b' cannot be served"):
+            with fleet.lease(b):
+                pass
+        await fleet.load("a")  # taken again from its (intact) folder
+        with fleet.lease(fleet.resolve("a")) as running:
+            assert running.int_id != a.int_id
+
+    run(fleet, FakeEngine(), scenario)
 
 
 def test_in_flight_request_keeps_its_version_until_it_ends(tmp_path, world):

@@ -3,6 +3,7 @@
 import triton_python_backend_utils as pb_utils
 
 from lora_serving.errors import (
+    AdapterUnavailable,
     EngineUnavailable,
     InvalidRequest,
     RequestCancelled,
@@ -13,6 +14,7 @@ _CODES = (
     (UnknownAdapter, "NOT_FOUND"),
     (InvalidRequest, "INVALID_ARG"),
     (EngineUnavailable, "UNAVAILABLE"),
+    (AdapterUnavailable, "UNAVAILABLE"),
     (RequestCancelled, "CANCELLED"),
 )
 
