@@ -624,6 +624,7 @@ def _describe(version: _Version, state: str) -> dict[str, Any]:
         "rank": adapter.rank,
         "target_modules": list(adapter.target_modules),
         "path": str(adapter.origin or adapter.path),
+        "snapshot": str(adapter.path),  # the private copy the engine reads
         "source": adapter.source,
         "version": adapter.version,
         "id": adapter.int_id,

@@ -195,6 +195,30 @@ def run(
     return report
 
 
+def _start_server():
+    """A tritonserver of our own. Under heavy load Triton 2.51 has been seen to wait forever on
+    a stub whose initialize had returned (tests/conftest.py): start over once."""
+    from lora_serving.launcher import REPO_ROOT, TritonServer
+
+    for attempt in (1, 2):
+        server = TritonServer(
+            REPO_ROOT / "model_repository",
+            http=_free_port(),
+            grpc=_free_port(),
+            metrics=_free_port(),
+            log_path=Path("/tmp") / f"soak-tritonserver-{int(time.time())}.log",
+        )
+        print(f"starting tritonserver (log: {server.log_path}) ...", flush=True)
+        try:
+            server.wait_ready(timeout_s=480)
+            return server
+        except BaseException:
+            server.stop()
+            if attempt == 2:
+                raise
+            print("tritonserver start stalled; starting over", flush=True)
+
+
 def _interrupt(*_):
     raise KeyboardInterrupt
 
@@ -224,17 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.grpc_url:
             grpc_url, pid = args.grpc_url, args.server_pid
         else:
-            from lora_serving.launcher import REPO_ROOT, TritonServer
-
-            server = TritonServer(
-                REPO_ROOT / "model_repository",
-                http=_free_port(),
-                grpc=_free_port(),
-                metrics=_free_port(),
-                log_path=Path("/tmp") / f"soak-tritonserver-{int(time.time())}.log",
-            )
-            print(f"starting tritonserver (log: {server.log_path}) ...", flush=True)
-            server.wait_ready(timeout_s=900)
+            server = _start_server()
             grpc_url, pid = f"127.0.0.1:{server.grpc}", server.process.pid
         report = run(
             grpc_url,
