@@ -139,12 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("extra", nargs="*", help="more tritonserver arguments (after --)")
     args = parser.parse_args(argv)
+    extra = list(args.extra)
+    if not any(arg.startswith("--model-control-mode") for arg in extra):
+        # Every model loads at start, and the repository API can reload one whose engine died
+        # (the model unloads itself then; README "Reliability"). Ports bind to 127.0.0.1 only.
+        extra += ["--model-control-mode=explicit", "--load-model=*"]
     server = TritonServer(
         args.model_repository.resolve(),
         http=args.http_port,
         grpc=args.grpc_port,
         metrics=args.metrics_port,
-        extra_args=args.extra,
+        extra_args=extra,
     )
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
     try:

@@ -212,11 +212,14 @@ def _start_server():
         try:
             server.wait_ready(timeout_s=480)
             return server
-        except BaseException:
+        except TimeoutError:
             server.stop()
             if attempt == 2:
                 raise
             print("tritonserver start stalled; starting over", flush=True)
+        except BaseException:
+            server.stop()
+            raise
 
 
 def _interrupt(*_):

@@ -1,0 +1,15 @@
+"""A short soak on the shared server: `make soak`'s mix (both models; base, alpha, beta; streamed
+and not) from two workers for 45 s after a 15 s warm-up: no errors, RSS growth under 5 %.
+The 10-minute run is `make soak` (README "Reliability")."""
+
+from lora_serving import soak
+
+
+def test_short_soak_has_no_errors_and_no_rss_growth(grpc_url, triton_server):
+    report = soak.run(
+        grpc_url, triton_server.process.pid, duration_s=45, concurrency=2, warmup_s=15
+    )
+    print(report.summary())
+    assert report.errors == 0, report.error_samples
+    assert set(report.requests_by_model) == set(soak.MODELS), report.requests_by_model
+    assert report.rss_growth < 0.05, report.summary()
