@@ -12,6 +12,7 @@
 """
 
 import json
+import os
 import queue
 import shutil
 import time
@@ -168,7 +169,8 @@ def test_a_tampered_snapshot_fails_only_its_own_requests(grpc_url, faulty):
     assert ask(grpc_url, name).text == expected
     snapshot = served(grpc_url)[name]["snapshot"]
     weights = f"{snapshot}/adapter_model.safetensors"
-    with open(weights, "r+b") as file:  # read-only copies; root (the tests' user) may write
+    os.chmod(weights, 0o644)  # snapshot files are read-only: a deliberate tamper
+    with open(weights, "r+b") as file:
         file.seek(100)
         file.write(b"\xff" * 64)
     failed = ask(grpc_url, name)
