@@ -22,12 +22,7 @@ from typing import Any
 from lora_serving.adapters import Adapter
 from lora_serving.engine.job_guard import JobGuard
 from lora_serving.engine.lora_slots import SLOT_IDS_METHOD
-from lora_serving.errors import (
-    EngineUnavailable,
-    RequestCancelled,
-    ServingError,
-    UnknownAdapter,
-)
+from lora_serving.errors import EngineUnavailable, RequestCancelled, ServingError, UnknownAdapter
 from lora_serving.jobs import GenerationChunk, GenerationJob
 from lora_serving.metrics import (
     CANCELLED,
