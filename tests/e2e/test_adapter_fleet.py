@@ -33,7 +33,8 @@ PREFIX = f"fleet{os.getpid()}"  # every adapter this run adds starts with it
 STALE_S = 3 * 3600  # folders of crashed earlier runs are removed after this
 MAX_TOKENS = 16
 FLEET_TOKENS = 8  # 32 references to compute: the tokens that prove each adapter, no more
-LONG_TOKENS = 160  # long enough to still be running while the adapter changes (~1 s here)
+LONG_TOKENS = 600  # long enough to still be running while the adapter changes (a few s here;
+# streams no longer make a cancel check per token, so 160 could end before a loaded rescan)
 STORY = "Tell me a long story."
 
 
