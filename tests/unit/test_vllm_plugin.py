@@ -97,6 +97,31 @@ def test_expand_leaves_rows_without_adapter_untouched(patched_ops, kind):
     assert_rows(y, base + reference_delta(x, lora_b, TOKEN_SLOTS), TOKEN_SLOTS)
 
 
+@pytest.mark.parametrize("kind", ["bgmv", "sgmv"])
+def test_long_prefill_grouped_by_slot_matches_row_by_row(patched_ops, kind):
+    """Over GATHER_MAX_ROWS rows the ops multiply once per slot in use instead of copying the
+    weights for every row; rows without an adapter stay exact zeros even if slot buffers hold
+    NaN."""
+    slots = TOKEN_SLOTS.repeat_interleave(8)  # 80 tokens, prefill-sized
+    assert len(slots) > cpu_no_lora_index.GATHER_MAX_ROWS
+    x = torch.randn(len(slots), IN_FEATURES)
+    lora_a = random_stacked(RANK, IN_FEATURES)
+    buffer = torch.full((len(slots), RANK), 7.0)
+    if kind == "bgmv":
+        patched_ops.bgmv_shrink(x, lora_a, buffer, slots, 0.5)
+    else:
+        patched_ops.sgmv_shrink(x, lora_a, buffer, *prefill_metadata(slots), 0.5)
+    assert_rows(buffer, 0.5 * reference_delta(x, lora_a, slots), slots)
+
+    lora_b = random_stacked(OUT_FEATURES, RANK)
+    lora_b[1] = float("nan")  # slot 1 unused below: must not leak into any row
+    only_0_2 = torch.where(slots == 1, -1, slots)
+    base = torch.randn(len(slots), OUT_FEATURES)
+    y = base.clone()
+    patched_ops.bgmv_expand(buffer, lora_b, y, only_0_2, True)
+    assert_rows(y, base + reference_delta(buffer, torch.nan_to_num(lora_b), only_0_2), only_0_2)
+
+
 def test_expand_without_add_inputs_writes_zero_delta(patched_ops):
     x = torch.randn(len(TOKEN_SLOTS), RANK)
     lora_b = random_stacked(OUT_FEATURES, RANK)

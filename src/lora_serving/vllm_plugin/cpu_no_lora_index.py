@@ -30,20 +30,46 @@ PATCHED_MODULES = (
 UPSTREAM_OPS_MODULE = PATCHED_MODULES[0]
 
 
+GATHER_MAX_ROWS = 32
+
+
 def _lora_product(
     inputs: torch.Tensor,
     stacked_weights: torch.Tensor,
     lora_indices: torch.Tensor,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """Per row: inputs[i] @ stacked_weights[lora_indices[i]].T, or zeros where the index is -1."""
-    has_adapter = lora_indices >= 0
+    """Per row: inputs[i] @ stacked_weights[lora_indices[i]].T, or zeros where the index is -1.
+
+    One matrix product per adapter slot in use, over that slot's rows. Upstream instead gathers a
+    copy of the weights for every row ([rows, out, in]); on a prefill (a Whisper encoder's 1500
+    frames, an image's patches) that copy costs more than the model's own matmul."""
+    if stacked_weights.ndim == 4:  # stacked as [slots, 1, out, in]
+        stacked_weights = stacked_weights.squeeze(dim=1)
+    inputs = inputs.to(dtype=dtype)
+    # A few rows (decoding): the gathered copy is small and one einsum beats a loop over slots.
+    # Rows and indices of different counts: upstream's broadcasting of a single row.
+    if inputs.shape[0] <= GATHER_MAX_ROWS or lora_indices.shape[0] != inputs.shape[0]:
+        return _gathered_product(inputs, stacked_weights, lora_indices, dtype)
+    product = inputs.new_zeros((inputs.shape[0], stacked_weights.shape[-2]))
+    for slot in torch.unique(lora_indices).tolist():
+        if slot < 0:  # no adapter: exact zeros, whatever the slot buffers hold
+            continue
+        weights = stacked_weights[slot].to(dtype=dtype)
+        rows = (lora_indices == slot).nonzero().squeeze(1)
+        if rows.numel() == inputs.shape[0]:
+            torch.matmul(inputs, weights.T, out=product)
+        else:
+            product.index_copy_(0, rows, inputs.index_select(0, rows) @ weights.T)
+    return product
+
+
+def _gathered_product(inputs, stacked_weights, lora_indices, dtype) -> torch.Tensor:
+    """Upstream's way (a weight copy per row), kept for rows and indices of different counts."""
     weights = stacked_weights[lora_indices.clamp(min=0)].to(dtype=dtype)
-    if weights.ndim == 4:  # stacked as [slots, 1, out, in]
-        weights = weights.squeeze(dim=1)
-    product = torch.einsum("bi, boi -> bo", inputs.to(dtype=dtype), weights)
+    product = torch.einsum("bi, boi -> bo", inputs, weights)
     # masked_fill, not a multiply: a zero must stay zero even if a slot holds inf or NaN.
-    return product.masked_fill_(~has_adapter.unsqueeze(-1), 0)
+    return product.masked_fill_(~(lora_indices >= 0).unsqueeze(-1), 0)
 
 
 def bgmv_shrink(
