@@ -42,7 +42,7 @@ def test_trained_adapter_is_served_as_its_merged_reference(grpc_url, demo_models
     speech = tmp_path / "speech"
     split = build_split(seed=0)
     name = f"{PREFIX}_finetuned"
-    settings = TrainSettings(kind="all_layers", encoder_layers=1, epochs=3, learning_rate=1e-2)
+    settings = TrainSettings(kind="all_layers", encoder_layers=1, epochs=3, learning_rate=2e-2)
     report = train_adapter(base, tmp_path / name, split.train[:4], speech, settings, progress=False)
     assert (report.clips, report.windows, report.steps) == (4, 1, 3)
     assert report.last_loss < report.first_loss

@@ -12,6 +12,7 @@ from lora_serving.finetune.corpus import (
     Utterance,
     build_split,
 )
+from lora_serving.finetune.evaluate import AdapterResult, Evaluation, by_adapter, format_report
 from lora_serving.finetune.metrics import edit_distance, score, terms_found, words
 from lora_serving.finetune.train import (
     TrainSettings,
@@ -139,3 +140,35 @@ def test_score_rates_are_over_all_sentences_together():
     assert (result.terms_found, result.terms_spoken) == (2, 3)
     assert result.term_error_rate == pytest.approx(1 / 3)
     assert score([], [], []).term_recall == 1.0
+
+
+def test_by_adapter_regroups_sentence_major_texts():
+    texts = ["s1 base", "s1 a", "s2 base", "s2 a"]
+    assert by_adapter(texts, [None, "a"]) == {None: ["s1 base", "s2 base"], "a": ["s1 a", "s2 a"]}
+    with pytest.raises(ValueError, match="do not divide"):
+        by_adapter(texts[:3], [None, "a"])
+
+
+def _evaluation(base_mixed: tuple[str, ...]) -> Evaluation:
+    held = build_split(seed=0).held_out[:2]
+    said = [u.text for u in held]
+    heard = (said[0], said[1].replace(held[1].terms[0], "Something"))
+    results = tuple(
+        AdapterResult(name, score(said, texts, [u.terms for u in held]), score([], [], []), texts)
+        for name, texts in (("(base)", heard), ("pharma", tuple(said)))
+    )
+    return Evaluation(results, held, ("Hello there.",), base_mixed)
+
+
+def test_report_lists_each_adapter_and_whether_the_base_output_changed():
+    unchanged = _evaluation(("Hello there.",))
+    assert unchanged.base_unchanged
+    report = format_report(unchanged)
+    assert "2 held-out sentences (2 domain terms), 1 ordinary sentences" in report
+    assert re.search(r"\(base\)\s+\S+%\s+50\.0%\s+50\.0%", report)
+    assert re.search(r"pharma\s+0\.0%\s+100\.0%\s+0\.0%", report)
+    assert "batched with the adapters: unchanged" in report
+
+    changed = _evaluation(("Hello, there!",))
+    assert not changed.base_unchanged
+    assert "CHANGED" in format_report(changed) and "mixed: Hello, there!" in format_report(changed)

@@ -56,6 +56,13 @@ def _transcribe_many(url: str, jobs: list[tuple[Path, str | None]], workers: int
         return list(pool.map(lambda job: transcribe(url, *job), jobs))
 
 
+def by_adapter(texts: Sequence[str], names: Sequence[str | None]) -> dict:
+    """Texts sent sentence by sentence, each to every name in turn -> name: texts in order."""
+    if len(texts) % len(names):
+        raise ValueError(f"{len(texts)} texts do not divide among {len(names)} adapters")
+    return {name: list(texts[index :: len(names)]) for index, name in enumerate(names)}
+
+
 def check_served(url: str, adapters: Sequence[str]) -> None:
     """Rescan the adapter roots, then fail naming any adapter the server does not serve."""
     from lora_client.requests import adapter_command
@@ -89,11 +96,7 @@ def evaluate(
 
     base_alone = [transcribe(url, wav, None) for wav in ordinary_wavs]
     jobs = [(wav, name) for wav in ordinary_wavs + held_wavs for name in names]
-    texts = iter(_transcribe_many(url, jobs, workers))
-    by_name: dict[str | None, list[str]] = {name: [] for name in names}
-    for _ in ordinary_wavs + held_wavs:
-        for name in names:
-            by_name[name].append(next(texts))
+    by_name = by_adapter(_transcribe_many(url, jobs, workers), names)
 
     results = []
     for name in names:
@@ -107,7 +110,8 @@ def evaluate(
                 held_out_texts=tuple(held_texts),
             )
         )
-    return Evaluation(tuple(results), tuple(held_out), tuple(base_alone), tuple(by_name[None]))
+    base_mixed = by_name[None][: len(ordinary)]
+    return Evaluation(tuple(results), tuple(held_out), tuple(base_alone), tuple(base_mixed))
 
 
 def format_report(evaluation: Evaluation, *, examples: int = 6) -> str:
