@@ -140,5 +140,5 @@ def format_report(evaluation: Evaluation, *, examples: int = 6) -> str:
         for result in evaluation.results:
             text = result.held_out_texts[index]
             mark = "" if words(text) == words(utterance.text) else "  *"
-            lines.append(f"    {result.name:<20}{text.strip()}{mark}")
+            lines.append(f"    {result.name:<20} {text.strip()}{mark}")
     return "\n".join(lines)
