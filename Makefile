@@ -77,3 +77,17 @@ SOAK_ARGS ?= --duration 600 --concurrency 4
 .PHONY: soak
 soak: setup
 	@$(PY) -m lora_serving.soak $(SOAK_ARGS)
+
+# ---- Fine-tune your own adapter (issue 10) -----------------------------------------------------
+# Train two adapters on the invented-drug-name corpus (src/lora_serving/finetune/) into the
+# adapter root that `make serve` rescans: decoder only, and decoder + cross-attention k/v +
+# encoder. Then, with the server running, `make finetune-eval` compares them with the base model.
+FINETUNE_ARGS ?=
+.PHONY: finetune finetune-eval
+finetune: setup
+	@$(PY) -m lora_serving.finetune train --kind decoder --name pharma_decoder $(FINETUNE_ARGS)
+	@$(PY) -m lora_serving.finetune train --kind all_layers --name pharma_all_layers $(FINETUNE_ARGS)
+
+finetune-eval: setup
+	@$(PY) -m lora_serving.finetune evaluate pharma_decoder pharma_all_layers \
+		--url 127.0.0.1:$(GRPC_PORT)

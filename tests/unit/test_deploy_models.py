@@ -190,9 +190,9 @@ STUB_MODULES = {"triton_python_backend_utils"}
 
 
 def test_gpu_lock_has_every_package_the_served_code_imports():
-    """Serving code (everything but bench/, demo/, reference/, the CPU launcher and the soak
-    client) must find its imports in the GPU image, which installs requirements/gpu.txt and
-    nothing else."""
+    """Serving code (everything but bench/, demo/, finetune/, reference/, the CPU launcher and
+    the soak client) must find its imports in the GPU image, which installs requirements/gpu.txt
+    and nothing else."""
     import ast
     import sys
 
@@ -203,6 +203,7 @@ def test_gpu_lock_has_every_package_the_served_code_imports():
         if path.relative_to(package).parts[0] in (
             "bench",
             "demo",
+            "finetune",
             "reference",
             "launcher.py",
             "soak.py",
