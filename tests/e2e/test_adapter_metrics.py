@@ -14,14 +14,18 @@ _LINE = re.compile(r"^(?P<name>[a-z_:]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 
 
 def scrape(port: int) -> dict[tuple, float]:
-    """(metric name, sorted label pairs) -> value, for our lora_* series."""
+    """(metric name, sorted label pairs) -> value, for our lora_* series, summed over the
+    stub_pid label (each load of a model writes its own series)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    series = {}
+    series: dict[tuple, float] = {}
     for line in text.splitlines():
         match = _LINE.match(line)
         if match and match["name"].startswith("lora_"):
-            labels = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', match["labels"])))
-            series[(match["name"], labels)] = float(match["value"])
+            pairs = re.findall(r'(\w+)="([^"]*)"', match["labels"])
+            assert "stub_pid" in dict(pairs), line
+            labels = tuple(sorted((k, v) for k, v in pairs if k != "stub_pid"))
+            key = (match["name"], labels)
+            series[key] = series.get(key, 0.0) + float(match["value"])
     return series
 
 
@@ -29,7 +33,18 @@ def value(series, name, **labels) -> float:
     return series.get((name, tuple(sorted({"model": MODEL, **labels}.items()))), 0.0)
 
 
+def stub_pids(port: int, model: str) -> set[str]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return set(re.findall(rf'^lora_adapters\{{model="{model}",.*stub_pid="(\d+)"', text, re.M))
+
+
 def test_metrics_count_what_each_adapter_was_sent(grpc_url, triton_server):
+    # After a reload (tests/e2e/test_qwen2_5_variant.py) Triton unloads the old stub a few
+    # seconds after the new one serves; its series leave /metrics with it.
+    deadline = time.monotonic() + 120
+    while len(stub_pids(triton_server.metrics, MODEL)) > 1 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert len(stub_pids(triton_server.metrics, MODEL)) == 1
     before = scrape(triton_server.metrics)
     sent = {"alpha": 2, "beta": 3, None: 1}
     requests = [

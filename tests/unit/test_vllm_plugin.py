@@ -113,6 +113,12 @@ def test_long_prefill_grouped_by_slot_matches_row_by_row(patched_ops, kind):
         patched_ops.sgmv_shrink(x, lora_a, buffer, *prefill_metadata(slots), 0.5)
     assert_rows(buffer, 0.5 * reference_delta(x, lora_a, slots), slots)
 
+    untrained = random_stacked(RANK, IN_FEATURES)
+    untrained[2] = 0  # the adapter in slot 2 does not train this module
+    patched_ops.bgmv_shrink(x, untrained, buffer, slots, 1.0)
+    assert torch.equal(buffer[slots == 2], torch.zeros_like(buffer[slots == 2]))
+    assert_rows(buffer, reference_delta(x, untrained, slots), slots)
+
     lora_b = random_stacked(OUT_FEATURES, RANK)
     lora_b[1] = float("nan")  # slot 1 unused below: must not leak into any row
     only_0_2 = torch.where(slots == 1, -1, slots)

@@ -14,6 +14,7 @@ adapter ("(base)": no adapter; "(unknown)": refused before its adapter was known
 thread applies them and the engine loop never waits (as vllm_backend's metrics thread).
 """
 
+import os
 import queue
 import threading
 
@@ -50,6 +51,12 @@ _STOP = object()
 class TritonMetrics:
     def __init__(self, model: str, log_error):
         self._model = model
+        # Triton hands the same Prometheus series to every family object that asks for the same
+        # name and labels, but each family frees the series when its own last user goes. While
+        # a model reloads, its old and new stubs run side by side: without a label of their own,
+        # the old stub's unload would free the series the new one writes to (heap corruption in
+        # tritonserver). Sum over stub_pid for a model's totals.
+        self._stub_pid = str(os.getpid())
         self._log_error = log_error
         self._families = {
             key: pb_utils.MetricFamily(
@@ -70,6 +77,14 @@ class TritonMetrics:
         """Apply what is queued, then delete the series before their families (pb_utils)."""
         self._queue.put(_STOP)
         self._thread.join(timeout=10)
+        # Triton 2.51 keeps an unloaded stub's series on /metrics: its gauges must not go on
+        # counting requests and adapters it no longer has.
+        for (family, *_labels), metric in self._series.items():
+            if _FAMILIES[family][1] == "GAUGE":
+                try:
+                    metric.set(0)
+                except Exception as err:  # closing anyway
+                    self._log_error(f"{self._model}: resetting {family} failed: {err!r}")
         self._series.clear()
         self._families.clear()
 
@@ -86,7 +101,8 @@ class TritonMetrics:
         metric = self._series.get(key)
         if metric is None:
             extra = {"buckets": _BUCKETS[family]} if family in _BUCKETS else {}
-            metric = self._families[family].Metric(labels={"model": self._model, **labels}, **extra)
+            labels = {"model": self._model, "stub_pid": self._stub_pid, **labels}
+            metric = self._families[family].Metric(labels=labels, **extra)
             self._series[key] = metric
         return metric
 

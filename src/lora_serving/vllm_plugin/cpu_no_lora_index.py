@@ -56,6 +56,8 @@ def _lora_product(
         if slot < 0:  # no adapter: exact zeros, whatever the slot buffers hold
             continue
         weights = stacked_weights[slot].to(dtype=dtype)
+        if not weights.any():  # a module this adapter does not train: its slot is zeros
+            continue
         rows = (lora_indices == slot).nonzero().squeeze(1)
         if rows.numel() == inputs.shape[0]:
             torch.matmul(inputs, weights.T, out=product)
@@ -65,7 +67,8 @@ def _lora_product(
 
 
 def _gathered_product(inputs, stacked_weights, lora_indices, dtype) -> torch.Tensor:
-    """Upstream's way (a weight copy per row), kept for rows and indices of different counts."""
+    """Upstream's way (a weight copy per row): for a few rows, and for rows and indices of
+    different counts."""
     weights = stacked_weights[lora_indices.clamp(min=0)].to(dtype=dtype)
     product = torch.einsum("bi, boi -> bo", inputs, weights)
     # masked_fill, not a multiply: a zero must stay zero even if a slot holds inf or NaN.
