@@ -37,7 +37,7 @@ from lora_serving.adapter_sources import (
     SourceScan,
     fingerprint,
 )
-from lora_serving.adapters import Adapter, check_adapter_name, load_adapter
+from lora_serving.adapters import Adapter, check_adapter_name, load_adapter, requested_adapter
 from lora_serving.errors import AdapterUnavailable, ConfigError, InvalidRequest, UnknownAdapter
 from lora_serving.metrics import AdapterStates, MetricsSink, NoMetrics
 from lora_serving.settings import EngineSettings
@@ -189,14 +189,8 @@ class AdapterFleet:
 
     def resolve(self, name: str | None) -> Adapter | None:
         """None or "" means the base model; anything else must be a served adapter."""
-        if not name:
+        if not requested_adapter(name, lora_enabled=self.enabled):
             return None
-        if not self.enabled:
-            raise InvalidRequest(
-                f"adapter '{name}' requested but LoRA is disabled for this model "
-                "(set enable_lora in model.json)"
-            )
-        check_adapter_name(name)
         with self._lock:
             version = self._serving.get(name)
             if version is None:

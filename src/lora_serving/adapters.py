@@ -205,18 +205,25 @@ class AdapterCatalog:
 
     def resolve(self, name: str | None) -> Adapter | None:
         """None or "" means the base model; anything else must be a served adapter."""
-        if not name:
+        if not requested_adapter(name, lora_enabled=self.enabled):
             return None
-        if not self.enabled:
-            raise InvalidRequest(
-                f"adapter '{name}' requested but LoRA is disabled for this model "
-                "(set enable_lora in model.json)"
-            )
-        check_adapter_name(name)
         try:
             return self._by_name[name]
         except KeyError:
             raise UnknownAdapter(name, self.names) from None
+
+
+def requested_adapter(name: str | None, *, lora_enabled: bool) -> str | None:
+    """The adapter name a request asks for, checked; None (or "") means the base model."""
+    if not name:
+        return None
+    if not lora_enabled:
+        raise InvalidRequest(
+            f"adapter '{name}' requested but LoRA is disabled for this model "
+            "(set enable_lora in model.json)"
+        )
+    check_adapter_name(name)
+    return name
 
 
 def pick_adapter_name(*sources: tuple[str, str | None]) -> str | None:
