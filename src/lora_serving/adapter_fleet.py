@@ -265,15 +265,19 @@ class AdapterFleet:
             try:
                 adapter = self._snapshot_and_check(candidate, next(self._ids))
             except ConfigError as err:
-                if candidate.source == MULTI_LORA:
-                    problems.append(str(err))
-                else:
-                    self._refuse(candidate, str(err))
+                self._refuse_at_start(candidate, err, problems)
                 continue
             self._pending.append((candidate, adapter))
         if problems:
             self._discard_pending()
             raise ConfigError("adapters", problems)
+
+    def _refuse_at_start(self, candidate, err: ConfigError, problems: list[str]) -> None:
+        """A bad multi_lora.json entry fails the load (collected); a root folder is refused."""
+        if candidate.source == MULTI_LORA:
+            problems.append(str(err))
+        else:
+            self._refuse(candidate, str(err))
 
     async def start(self, engine: EngineLoRA) -> None:
         """Load the prepared adapters into the engine, then start the background rescans."""
@@ -283,10 +287,7 @@ class AdapterFleet:
             try:
                 await self._load_into_engine(adapter, candidate)
             except ConfigError as err:
-                if candidate.source == MULTI_LORA:
-                    problems.append(str(err))
-                else:
-                    self._refuse(candidate, str(err))
+                self._refuse_at_start(candidate, err, problems)
                 continue
             await self._publish(adapter, candidate)
         self._pending.clear()
