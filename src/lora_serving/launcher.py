@@ -9,6 +9,7 @@ Used by `make serve` and by the test suite, so both run the server the same way:
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,11 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRITON_DIR = REPO_ROOT / ".triton"
+
+
+def py_spy() -> str | None:
+    local = REPO_ROOT / ".venv" / "bin" / "py-spy"
+    return str(local) if local.exists() else shutil.which("py-spy")
 
 
 def server_environment() -> dict[str, str]:
@@ -104,6 +110,33 @@ class TritonServer:
             time.sleep(1)
         raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f} s" + self._log_hint())
 
+    def python_stacks(self) -> str:
+        """Every Python thread of every process this server started (stubs, EngineCores,
+        workers), from py-spy: what a start or request that hangs is waiting on."""
+        import psutil
+
+        binary = py_spy()
+        if binary is None:
+            return "py-spy is not installed (requirements/cpu.txt pins it)"
+        try:
+            children = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return "tritonserver has exited"
+        parts = []
+        for child in children:
+            try:
+                title = f"=== pid {child.pid}: {' '.join(child.cmdline())[:160]}"
+            except psutil.Error:
+                continue
+            dump = subprocess.run(
+                [binary, "dump", "--pid", str(child.pid)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            parts.append(f"{title}\n{dump.stdout}{dump.stderr}")
+        return "\n".join(parts) or "no child processes"
+
     def _log_hint(self) -> str:
         return f"; see {self.log_path}" if self.log_path else ""
 
@@ -163,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         server.process.wait()
     except KeyboardInterrupt:
         print("\nstopping tritonserver ...", flush=True)
+    except TimeoutError as err:
+        print(f"\n{err}; what its processes are doing:\n{server.python_stacks()}", flush=True)
+        return 1
     finally:
         server.stop()
     return server.process.returncode or 0

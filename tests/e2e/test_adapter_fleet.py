@@ -33,8 +33,9 @@ PREFIX = f"fleet{os.getpid()}"  # every adapter this run adds starts with it
 STALE_S = 3 * 3600  # folders of crashed earlier runs are removed after this
 MAX_TOKENS = 16
 FLEET_TOKENS = 8  # 32 references to compute: the tokens that prove each adapter, no more
-LONG_TOKENS = 600  # long enough to still be running while the adapter changes (a few s here;
-# streams no longer make a cancel check per token, so 160 could end before a loaded rescan)
+# Long enough to still be running while the adapter changes (~10 s here), all of them
+# generated (end of text ignored: a story the adapter ends early would finish first).
+LONG_TOKENS = 1200
 STORY = "Tell me a long story."
 
 
@@ -91,10 +92,20 @@ def clear_root(root: Path = ROOT) -> None:
 
 
 def qwen_adapters(base: Path, out: Path, names, *, seed: int, rank: int = 8) -> Path:
+    """out/<name> for each name. The weights follow the seed and the name without this run's
+    PREFIX (a pid): every run tests the same adapters, not ones that vary with the pid."""
     from lora_serving.demo.qwen_vl import make_qwen_vl_adapters
 
-    make_qwen_vl_adapters(base, out, names=tuple(names), rank=rank, seed=seed)
+    built = out / ".built"
+    stable = {name: stable_name(name) for name in names}
+    make_qwen_vl_adapters(base, built, names=tuple(stable.values()), rank=rank, seed=seed)
+    for name, built_name in stable.items():
+        (built / built_name).rename(out / name)
     return out
+
+
+def stable_name(name: str) -> str:
+    return name.replace(PREFIX, "fleet")
 
 
 @functools.lru_cache(maxsize=4)
@@ -142,7 +153,7 @@ class Streaming:
             "text_input": STORY,
             "exclude_input_in_output": True,
             "stream": True,
-            "sampling_parameters": sampling(max_tokens=LONG_TOKENS),
+            "sampling_parameters": sampling(max_tokens=LONG_TOKENS, ignore_eos=True),
         }
         self._thread = threading.Thread(
             target=self._run, args=(grpc_url, fields, {"lora_name": name}), daemon=True

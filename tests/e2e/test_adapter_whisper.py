@@ -4,12 +4,8 @@ the repository's adapters in one batch; a rank over the limit is refused; remova
 unknown. Whisper's module check is the one multi_lora.json adapters get (unit-tested with a
 refusing check in tests/unit/test_adapter_fleet.py)."""
 
-import os
-
-import pytest
-
-from tests.conftest import REPO, load_16k
-from tests.e2e.test_adapter_fleet import PREFIX, command, publish, retract, served
+from tests.conftest import REPO, load_16k, only_with_model
+from tests.e2e.test_adapter_fleet import PREFIX, command, publish, retract, served, stable_name
 from tests.e2e.triton_calls import grpc_many, sampling
 
 MODEL = "whisper_lora"
@@ -17,11 +13,7 @@ ROOT = REPO / "adapters" / MODEL
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 MAX_TOKENS = 40
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("LORA_SERVING_TEST_MODELS", "*") not in ("*", "")
-    and MODEL not in os.environ.get("LORA_SERVING_TEST_MODELS", ""),
-    reason="whisper_lora is not loaded in this run (LORA_SERVING_TEST_MODELS)",
-)
+pytestmark = only_with_model(MODEL)
 
 
 def reference(base, adapter, audio) -> str:
@@ -44,11 +36,16 @@ def test_runtime_adapter_on_every_layer_matches_its_reference(
 
     base = demo_models / "whisper-base"
     name, too_big = f"{PREFIX}_whisper", f"{PREFIX}_whisper_r32"
-    make_whisper_adapters(base, tmp_path, names=(name,), seed=77, targets=ALL_LORA_TARGETS)
-    make_whisper_adapters(base, tmp_path, names=(too_big,), rank=32, seed=1)
+    # Built under names without the pid, so every run serves the same weights (seed 78:
+    # "a quick round fox jump, so vervee lazy dog.", far from the base transcript).
+    fresh_dir, too_big_dir = (tmp_path / stable_name(n) for n in (name, too_big))
+    make_whisper_adapters(
+        base, tmp_path, names=(fresh_dir.name,), seed=78, targets=ALL_LORA_TARGETS
+    )
+    make_whisper_adapters(base, tmp_path, names=(too_big_dir.name,), rank=32, seed=1)
     try:
-        publish(tmp_path / name, name, ROOT)
-        publish(tmp_path / too_big, too_big, ROOT)
+        publish(fresh_dir, name, ROOT)
+        publish(too_big_dir, too_big, ROOT)
         report = command(grpc_url, "rescan", MODEL)
         assert "rank 32 exceeds max_lora_rank 16" in report["refused"][too_big]
         assert served(grpc_url, MODEL)[name]["source"] == "root"
@@ -65,7 +62,7 @@ def test_runtime_adapter_on_every_layer_matches_its_reference(
         )
         audio = load_16k(wav)
         fresh, repository, plain, refused = outcomes
-        assert fresh.text.strip() == reference(base, tmp_path / name, audio)
+        assert fresh.text.strip() == reference(base, fresh_dir, audio)
         assert repository.text.strip() == reference(
             base, demo_models / "whisper-adapters" / "all_layers", audio
         )

@@ -13,7 +13,6 @@ Two engine starts in all (the server's and the reload), ~1-4 minutes on 2 busy c
 
 import json
 import signal
-import socket
 import threading
 import time
 
@@ -22,33 +21,17 @@ import pytest
 import tritonclient.grpc as grpcclient
 from lora_client.requests import RequestError, grpc_stream
 
-from tests.conftest import REPO, STARTUP_TIMEOUT_S
+from tests.conftest import start_triton
 from tests.e2e.triton_calls import grpc_one, sampling
 
 MODEL = "whisper_lora"
 EXIT_TIMEOUT_S = 120  # Triton waits up to 30 s for in-flight requests, then unloads models
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def own_server(demo_models, tmp_path_factory):
-    from lora_serving.launcher import TritonServer
-
-    server = TritonServer(
-        REPO / "model_repository",
-        http=_free_port(),
-        grpc=_free_port(),
-        metrics=_free_port(),
-        log_path=tmp_path_factory.mktemp("faults") / "tritonserver.log",
-        extra_args=["--model-control-mode=explicit", f"--load-model={MODEL}"],
-    )
+    server = start_triton(tmp_path_factory, "faults", [f"--load-model={MODEL}"])
     try:
-        server.wait_ready(timeout_s=STARTUP_TIMEOUT_S)
         yield server
     finally:
         server.stop()  # a no-op once the SIGTERM test has stopped it

@@ -4,25 +4,17 @@ whisper_lora's adapter root, and run the evaluation through the server. The serv
 equal the merged-weights reference token for token, and the base model's transcripts of
 ordinary speech equal the base reference, alone and batched with the adapter's requests."""
 
-import os
-
-import pytest
-
 from lora_serving.finetune.corpus import build_split, load_16k, synthesise
 from lora_serving.finetune.evaluate import MAX_TOKENS, evaluate, format_report
 from lora_serving.finetune.train import TrainSettings, train_adapter
-from tests.conftest import REPO
+from tests.conftest import REPO, only_with_model
 from tests.e2e.test_adapter_fleet import PREFIX, command, publish, retract
 
 MODEL = "whisper_lora"
 ROOT = REPO / "adapters" / MODEL
 SENTENCES = 2  # held-out and ordinary sentences evaluated
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("LORA_SERVING_TEST_MODELS", "*") not in ("*", "")
-    and MODEL not in os.environ.get("LORA_SERVING_TEST_MODELS", ""),
-    reason="whisper_lora is not loaded in this run (LORA_SERVING_TEST_MODELS)",
-)
+pytestmark = only_with_model(MODEL)
 
 
 def reference(base, adapter, wav) -> str:

@@ -8,20 +8,14 @@ vLLM's that the busy samples ran under (inclusive).
 """
 
 import re
-import shutil
 import subprocess
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from lora_serving.launcher import REPO_ROOT
+from lora_serving.launcher import py_spy
 
 FRAME = re.compile(r"^(?P<function>.*?) \((?P<file>[^():]+)(?::(?P<line>\d+))?\)$")
-
-
-def py_spy() -> str | None:
-    local = REPO_ROOT / ".venv" / "bin" / "py-spy"
-    return str(local) if local.exists() else shutil.which("py-spy")
 
 
 # Leaf frames of threads that wait or spin (vLLM's shared-memory queues busy-poll, so waiting

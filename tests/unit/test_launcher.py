@@ -1,0 +1,48 @@
+"""What the launcher shows when a start hangs: the Python stacks of the processes it started."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+
+from lora_serving.launcher import TritonServer
+
+CHILD = textwrap.dedent(
+    """
+    import time
+
+    def waiting_for_the_parent_queue():
+        time.sleep(120)
+
+    waiting_for_the_parent_queue()
+    """
+)
+
+
+def test_python_stacks_name_the_function_each_child_waits_in():
+    # A stand-in for tritonserver: a process whose child is a Python program that hangs.
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {CHILD!r}])",
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not psutil.Process(parent.pid).children():
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.1)
+        time.sleep(1)  # past the interpreter's start-up
+        server = TritonServer.__new__(TritonServer)  # no tritonserver binary needed here
+        server.process = parent
+        stacks = server.python_stacks()
+        assert "waiting_for_the_parent_queue" in stacks, stacks
+        assert f"=== pid {psutil.Process(parent.pid).children()[0].pid}:" in stacks
+    finally:
+        for child in psutil.Process(parent.pid).children(recursive=True):
+            child.kill()
+        parent.kill()
+        parent.wait()
