@@ -121,7 +121,7 @@ def reference(
     """The merged reference's completion of qwen_inputs()' prompt and image (or no image)."""
     import torch
 
-    from lora_serving.reference.qwen_vl import reference_generate
+    from lora_serving.reference.qwen_vl import reference_generate, streamed_text
 
     prompt, tokenizer = _prompt_and_tokenizer(base, int(image))
     threads = torch.get_num_threads()
@@ -132,9 +132,7 @@ def reference(
         )
     finally:
         torch.set_num_threads(threads)
-    # vLLM holds back a character whose bytes the last token does not complete; decode()
-    # shows it as U+FFFD.
-    return tokenizer.decode(tokens, skip_special_tokens=True).rstrip("\ufffd")
+    return streamed_text(tokenizer, tokens)
 
 
 def ask(grpc_url: str, name: str | None, max_tokens: int = MAX_TOKENS):
@@ -193,6 +191,10 @@ def clean_root(grpc_url):
     command(grpc_url, "rescan")
     for name in command(grpc_url, "list")["unloaded"]:
         command(grpc_url, f"load {name}")
+    for name in [name for name in served(grpc_url) if PREFIX in name]:
+        # Loaded by a command in a test that failed before unloading it: a failure there
+        # must not spill into later modules.
+        command(grpc_url, f"unload {name}")
     assert {"alpha", "beta"} <= set(served(grpc_url))
     assert not [name for name in served(grpc_url) if PREFIX in name]
 

@@ -206,3 +206,17 @@ def test_adapters_cover_language_model_tower_and_merger(model_dir, tmp_path):
     some_name = sorted(module_names)[0]
     loaded_b = lora_layers[some_name].lora_B["default"].weight
     assert torch.equal(loaded_b, saved[f"base_model.model.{some_name}.lora_B.weight"])
+
+
+def test_streamed_text_holds_back_a_token_that_ends_inside_a_character(tokenizer):
+    from lora_serving.reference.qwen_vl import streamed_text
+
+    theta = tokenizer.encode(" theta", add_special_tokens=False)
+    # Token 143887 is "久し" plus the first bytes of a third character (seen as the 16th
+    # greedy token of a fleet test's adapter): vLLM never sends its text.
+    assert tokenizer.decode([143887]).startswith("久し")
+    assert tokenizer.decode([143887]).endswith("\ufffd")
+    assert streamed_text(tokenizer, [*theta, 143887]) == " theta"
+    # Completed by the next token, the character and everything before it are sent.
+    complete = tokenizer.encode(" theta 久しぶり", add_special_tokens=False)
+    assert streamed_text(tokenizer, complete) == " theta 久しぶり"

@@ -56,6 +56,17 @@ def _append_column(batch: torch.Tensor, value: int) -> torch.Tensor:
     return torch.cat([batch, batch.new_full((1, 1), value)], dim=1)
 
 
+def streamed_text(tokenizer, tokens: list[int]) -> str:
+    """The text vLLM sends for these tokens: a token whose bytes end inside a character is
+    held back whole until later tokens complete it, so at the end of generation the trailing
+    tokens that leave an incomplete character are not in the text (decode() would show them,
+    with U+FFFD for the incomplete bytes)."""
+    end = len(tokens)
+    while end and tokenizer.decode(tokens[:end], skip_special_tokens=True).endswith("\ufffd"):
+        end -= 1
+    return tokenizer.decode(tokens[:end], skip_special_tokens=True)
+
+
 @torch.inference_mode()
 def reference_generate(
     base_dir: Path,
