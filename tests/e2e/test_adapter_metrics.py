@@ -13,10 +13,14 @@ from tests.e2e.triton_calls import grpc_many, sampling
 _LINE = re.compile(r"^(?P<name>[a-z_:]+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 
 
+def metrics_text(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+
 def scrape(port: int) -> dict[tuple, float]:
     """(metric name, sorted label pairs) -> value, for our lora_* series, summed over the
     stub_pid label (each load of a model writes its own series)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = metrics_text(port)
     series: dict[tuple, float] = {}
     for line in text.splitlines():
         match = _LINE.match(line)
@@ -34,7 +38,7 @@ def value(series, name, **labels) -> float:
 
 
 def stub_pids(port: int, model: str) -> set[str]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    text = metrics_text(port)
     return set(re.findall(rf'^lora_adapters\{{model="{model}",.*stub_pid="(\d+)"', text, re.M))
 
 
