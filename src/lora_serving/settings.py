@@ -85,6 +85,9 @@ class ServingOptions:
     default_max_tokens: int = 128
     max_tokens_limit: int | None = None  # None: the engine's max_model_len decides
     request_timeout_s: float = 600.0  # a request running longer ends with an error, not a hang
+    # How often a running request asks Triton whether its client cancelled it (each ask is an
+    # IPC round trip to the server process).
+    cancel_poll_s: float = 0.25
     max_items_per_request: int = 16  # batch rows in one Triton request
     max_payload_bytes: int = 64 * 1024 * 1024  # one encoded audio file / image / audio tensor
     multi_lora_file: str = "multi_lora.json"
@@ -170,6 +173,9 @@ class EngineSettings:
         problems.extend(_unknown_engine_args(data))
         if serving.default_max_tokens <= 0:
             problems.append("serving.default_max_tokens must be > 0")
+        poll_s = serving.cancel_poll_s
+        if isinstance(poll_s, bool) or not isinstance(poll_s, int | float) or not 0 < poll_s <= 60:
+            problems.append(f"serving.cancel_poll_s must be in (0, 60] seconds, got {poll_s!r}")
         if data.get("enable_lora"):
             data.setdefault("max_loras", DEFAULT_MAX_LORAS)
             problems.extend(_lora_limit_problems(data))

@@ -1,6 +1,11 @@
 """A bad day for the process tree, on a tritonserver of this module's own (whisper_lora only), so
-the shared server is not disturbed: the engine process killed mid-request, then SIGTERM while
-requests stream.
+the shared server is not disturbed: responses racing cancel polls, the engine process killed
+mid-request, then SIGTERM while requests stream.
+
+- Response race (issue 19): with the cancel poll at 1 ms, many short streamed and plain
+  requests, cancellations, timeouts and refusals at once. Before the fix tritonserver died with
+  SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled within ~10 s (a poll reached a request
+  whose FINAL response had been sent); now it serves them all.
 
 - Engine death: the request in flight ends with UNAVAILABLE at once; the model unloads itself,
   so Triton's readiness endpoint reports it not ready and refuses new requests (no hang);
@@ -8,13 +13,16 @@ requests stream.
 - SIGTERM: requests in flight finish or end with an error (none hangs), and tritonserver, the
   stub, the EngineCore and its workers are all gone afterwards, without anyone's SIGKILL.
 
-Two engine starts in all (the server's and the reload), ~1-4 minutes on 2 busy cores.
+Three engine starts in all (the server's and two reloads), ~2-5 minutes on 2 busy cores.
 """
 
+import itertools
 import json
+import queue
 import signal
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -25,6 +33,9 @@ from tests.conftest import start_triton
 from tests.e2e.triton_calls import grpc_one, sampling
 
 MODEL = "whisper_lora"
+MODEL_DIR = Path(__file__).resolve().parents[2] / "model_repository" / MODEL
+RACE_SECONDS = 45
+RACE_CLIENTS = 16
 EXIT_TIMEOUT_S = 120  # Triton waits up to 30 s for in-flight requests, then unloads models
 
 
@@ -77,6 +88,108 @@ def in_background(call, *args) -> tuple[threading.Thread, dict]:
     thread = threading.Thread(target=lambda: result.update(outcome=call(*args)), daemon=True)
     thread.start()
     return thread, result
+
+
+def load_with_fast_cancel_poll(url: str, demo_models) -> None:
+    """Reload the model with its cancel poll at 1 ms: the poll then meets nearly every FINAL
+    response on its way out, which is what made the rare crash certain."""
+    client = grpcclient.InferenceServerClient(url)
+    config = client.get_model_config(MODEL, as_json=True)["config"]
+    # Triton skips a reload whose config is unchanged, even when new files are given.
+    config.setdefault("parameters", {})["variant"] = {"string_value": "fast_cancel_poll"}
+    model_json = json.loads((MODEL_DIR / "1" / "model.json").read_text())
+    model_json["model"] = str(demo_models / "whisper-base")
+    model_json["serving"]["adapters"]["roots"] = []
+    model_json["serving"]["cancel_poll_s"] = 0.001
+    adapters = {name: str(demo_models / "whisper-adapters" / name) for name in ("alpha", "beta")}
+    files = {
+        "file:1/model.py": (MODEL_DIR / "1" / "model.py").read_bytes(),
+        "file:1/model.json": json.dumps(model_json).encode(),
+        "file:1/multi_lora.json": json.dumps(adapters).encode(),
+    }
+    client.load_model(MODEL, config=json.dumps(config), files=files)
+
+
+def cancelled_after_first_reply(url: str, fields: dict) -> str:
+    """Stream a long request and cancel it once its first partial text arrives."""
+    from lora_client.requests import infer_inputs
+
+    client = grpcclient.InferenceServerClient(url)
+    replies: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: replies.put(error))
+    try:
+        client.async_stream_infer(MODEL, infer_inputs(grpcclient, long_request(fields, True)))
+        error = replies.get(timeout=60)
+        return "first reply" if error is None else str(error)
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+
+
+def test_responses_racing_cancel_polls_do_not_crash_the_server(own_server, url, short, demo_models):
+    load_with_fast_cancel_poll(url, demo_models)
+    kinds = ["stream", "plain", "stream", "cancel", "stream", "timeout", "stream", "refused"]
+    counts = {kind: 0 for kind in kinds}
+    failures: list[str] = []
+    deadline = time.monotonic() + RACE_SECONDS
+
+    def one(kind: str, adapter: str, tokens: int) -> None:
+        fields = {**short, "sampling_parameters": sampling(max_tokens=tokens)}
+        parameters = {"lora_name": adapter} if adapter else None
+        if kind == "cancel":
+            outcome = cancelled_after_first_reply(url, fields)
+            ok = outcome == "first reply" or "CANCELLED" in outcome
+        elif kind == "timeout":  # a 1 ms limit: ends with an error or in time, never hangs
+            fields = {**fields, "sampling_parameters": sampling(max_tokens=64, ignore_eos=True)}
+            ok = send_with_timeout(url, fields, timeout_us=1000)
+        elif kind == "refused":
+            outcome = grpc_one(url, MODEL, {**fields, "language": "xx"}, parameters)
+            ok = outcome.error is not None and "language" in outcome.error
+        else:
+            outcome = grpc_one(url, MODEL, {**fields, "stream": kind == "stream"}, parameters)
+            ok = outcome.error is None and outcome.outputs["text_output"][0] is not None
+        if not ok:
+            failures.append(f"{kind} {adapter or 'base'}: {outcome}")
+
+    def client_loop(offset: int) -> None:
+        for n in itertools.count(offset):
+            if time.monotonic() > deadline or own_server.process.poll() is not None:
+                return
+            kind = kinds[n % len(kinds)]
+            one(kind, ("", "alpha", "beta")[n % 3], 1 + n % 3)
+            counts[kind] += 1
+
+    clients = [in_background(client_loop, offset) for offset in range(RACE_CLIENTS)]
+    for thread, _ in clients:
+        thread.join(RACE_SECONDS + 120)
+    log = own_server.log_path.read_text(errors="replace")
+    assert own_server.process.poll() is None, "tritonserver died:\n" + log[-3000:]
+    assert "Signal (11)" not in log, log[-3000:]
+    assert not any(thread.is_alive() for thread, _ in clients), "a request hangs"
+    assert failures == [], failures[:5]
+    assert counts["stream"] >= 20 and counts["cancel"] >= 2, counts
+    assert grpcclient.InferenceServerClient(url).is_model_ready(MODEL)
+
+
+def send_with_timeout(url: str, fields: dict, timeout_us: int) -> bool:
+    from lora_client.requests import infer_inputs
+
+    client = grpcclient.InferenceServerClient(url)
+    replies: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: replies.put((result, error)))
+    try:
+        client.async_stream_infer(
+            MODEL, infer_inputs(grpcclient, {**fields, "stream": True}), timeout=timeout_us
+        )
+        while True:
+            result, error = replies.get(timeout=60)
+            if error is not None:
+                return "timeout" in str(error).lower() or "exceeded" in str(error).lower()
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return True
+    finally:
+        client.stop_stream()
+        client.close()
 
 
 def test_engine_death_makes_the_model_not_ready_and_a_reload_recovers_it(own_server, url, short):

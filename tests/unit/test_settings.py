@@ -30,10 +30,14 @@ def test_relative_model_path_is_resolved_against_model_json(tmp_path):
 def test_every_problem_is_listed(tmp_path):
     with pytest.raises(ConfigError) as err:
         EngineSettings.from_dict(
-            {"max_lorax": 4, "serving": {"default_max_tokens": 0, "bogus": 1}},
+            {
+                "max_lorax": 4,
+                "serving": {"default_max_tokens": 0, "bogus": 1, "cancel_poll_s": 0},
+            },
             model_dir=tmp_path,
         )
     text = str(err.value)
     assert "'model' (the base model folder) is required" in text
     assert "unknown vLLM engine argument(s) ['max_lorax']" in text
     assert "unknown 'serving' keys ['bogus']" in text
+    assert "serving.cancel_poll_s must be in (0, 60] seconds, got 0" in text

@@ -209,7 +209,7 @@ class EngineHost:
         with self._inflight_lock:
             self._inflight += 1
         try:
-            async with JobGuard(timeout_s, is_cancelled):
+            async with JobGuard(timeout_s, is_cancelled, self.settings.serving.cancel_poll_s):
                 with self._leases.lease(job.adapter) as adapter:
                     job.adapter = adapter  # the version it runs on (a replaced one gives way)
                     async for chunk in self._run(job, stream, meter):

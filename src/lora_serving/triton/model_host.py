@@ -2,9 +2,9 @@
 
 Request flow: execute -> submit_all: each request is decoded at once (a bad one is answered with
 its error and the others go on), then its jobs run on the engine loop; every response goes out
-through one ResponseSender, and each request gets exactly one FINAL. A request carrying the
-`adapter_command` input is an operator's command to the adapter fleet (adapter_control),
-answered in text_output as JSON.
+through the request's RequestChannel, which gets exactly one FINAL and is never touched after it
+(triton/response_sender.py says why). A request carrying the `adapter_command` input is an
+operator's command to the adapter fleet (adapter_control), answered in text_output as JSON.
 """
 
 import asyncio
@@ -21,7 +21,7 @@ from lora_serving import adapter_control
 from lora_serving.adapter_fleet import AdapterFleet
 from lora_serving.engine import lora_slots
 from lora_serving.engine.engine_host import EngineHost
-from lora_serving.errors import ConfigError, InvalidRequest, ServingError
+from lora_serving.errors import ConfigError, EngineUnavailable, InvalidRequest, ServingError
 from lora_serving.jobs import GenerationJob, RequestPlan
 from lora_serving.metrics import UNKNOWN_LABEL, RequestRefused
 from lora_serving.request_inputs import RawRequest
@@ -30,10 +30,11 @@ from lora_serving.tasks import load_tokenizer, task_class
 from lora_serving.triton import tensors
 from lora_serving.triton.error_codes import error_response
 from lora_serving.triton.metrics import TritonMetrics
-from lora_serving.triton.response_sender import ResponseSender
+from lora_serving.triton.response_sender import Outbox, RequestChannel
 
 COMMAND_INPUT = "adapter_command"
 FLEET_START_TIMEOUT_S = 600.0
+CLOSED_MESSAGE = "the model was unloaded before this request finished; send it again"
 
 
 class ModelHost:
@@ -59,7 +60,9 @@ class ModelHost:
         self.input_names = input_names
         self.output_dtypes = output_dtypes
         self.logger = logger
-        self.responses = ResponseSender(logger.log_error)
+        self.responses = Outbox(
+            logger.log_error, final_flag=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        )
         engine.watch(self._engine_died)
 
     @classmethod
@@ -106,11 +109,11 @@ class ModelHost:
     # ---- requests ----------------------------------------------------------------------------
     def submit_all(self, requests) -> None:
         for request in requests:
-            sender = request.get_response_sender()
+            channel = self.responses.channel(request)
             try:
                 raw = tensors.read_request(request, self.input_names)
                 if raw.has(COMMAND_INPUT):
-                    self._submit_command(raw, sender)
+                    self._submit_command(raw, channel)
                     continue
                 plan = self.task.build_plan(raw)
                 self.engine.check_available()  # before any work is queued
@@ -118,12 +121,12 @@ class ModelHost:
                 if not isinstance(err, ServingError):
                     self._log_unexpected(err)
                 self.metrics.record(RequestRefused(UNKNOWN_LABEL))
-                self.responses.send(sender, error_response(err), final=True)
+                channel.send(error_response(err), final=True)
                 continue
-            self.engine.submit(self._serve(plan, sender, _timeout_s(request)))
+            self.engine.submit(self._serve(plan, channel, _timeout_s(request)))
 
     # ---- adapter commands --------------------------------------------------------------------
-    def _submit_command(self, raw: RawRequest, sender) -> None:
+    def _submit_command(self, raw: RawRequest, channel: RequestChannel) -> None:
         try:
             others = sorted(name for name in raw.tensors if name != COMMAND_INPUT)
             if others:
@@ -137,63 +140,60 @@ class ModelHost:
             )
             self.engine.check_available()
         except ServingError as err:
-            self.responses.send(sender, error_response(err), final=True)
+            channel.send(error_response(err), final=True)
             return
-        self.engine.submit(self._command(command, sender))
+        self.engine.submit(self._command(command, channel))
 
-    async def _command(self, command: adapter_control.AdapterCommand, sender) -> None:
+    async def _command(self, command: adapter_control.AdapterCommand, channel) -> None:
         try:
             answer = await adapter_control.run_command(self.fleet, command)
             row = {"text_output": json.dumps({"model": self.model_name, **answer})}
             dtypes = {"text_output": self.output_dtypes["text_output"]}
-            self.responses.send(sender, tensors.to_response([row], dtypes), final=True)
+            channel.send(tensors.to_response([row], dtypes), final=True)
         except ServingError as err:
-            self.responses.send(sender, error_response(err), final=True)
+            channel.send(error_response(err), final=True)
         except Exception as err:
             self._log_unexpected(err)
-            self.responses.send(sender, error_response(err), final=True)
+            channel.send(error_response(err), final=True)
 
-    async def _serve(self, plan: RequestPlan, sender, timeout_s: float | None) -> None:
+    async def _serve(self, plan: RequestPlan, channel: RequestChannel, timeout_s) -> None:
         try:
             if plan.stream:
-                await self._stream(plan.jobs[0], sender, timeout_s)
+                await self._stream(plan.jobs[0], channel, timeout_s)
             else:
                 async with asyncio.TaskGroup() as group:
                     runs = [
-                        group.create_task(self._final_chunk(job, sender, timeout_s))
+                        group.create_task(self._final_chunk(job, channel, timeout_s))
                         for job in plan.jobs
                     ]
                 rows = [
                     self.task.render(job, run.result(), stream=False)
                     for job, run in zip(plan.jobs, runs, strict=True)
                 ]
-                self.responses.send(
-                    sender, tensors.to_response(rows, self.output_dtypes), final=True
-                )
+                channel.send(tensors.to_response(rows, self.output_dtypes), final=True)
         except* ServingError as group:
-            self.responses.send(sender, error_response(group.exceptions[0]), final=True)
+            channel.send(error_response(group.exceptions[0]), final=True)
         except* Exception as group:
             self._log_unexpected(group.exceptions[0])
-            self.responses.send(sender, error_response(group.exceptions[0]), final=True)
+            channel.send(error_response(group.exceptions[0]), final=True)
 
-    async def _final_chunk(self, job: GenerationJob, sender, timeout_s: float | None):
+    async def _final_chunk(self, job: GenerationJob, channel, timeout_s: float | None):
         last = None
         async for chunk in self.engine.generate(
-            job, stream=False, is_cancelled=sender.is_cancelled, timeout_s=timeout_s
+            job, stream=False, is_cancelled=channel.is_cancelled, timeout_s=timeout_s
         ):
             last = chunk
         return last
 
-    async def _stream(self, job: GenerationJob, sender, timeout_s: float | None) -> None:
+    async def _stream(self, job: GenerationJob, channel, timeout_s: float | None) -> None:
         chunks = self.engine.generate(
-            job, stream=True, is_cancelled=sender.is_cancelled, timeout_s=timeout_s
+            job, stream=True, is_cancelled=channel.is_cancelled, timeout_s=timeout_s
         )
         async for chunk in chunks:
             if chunk.finished or chunk.delta:
                 row = self.task.render(job, chunk, stream=True)
-                self.responses.send(
-                    sender, tensors.to_response([row], self.output_dtypes), final=chunk.finished
-                )
+                response = tensors.to_response([row], self.output_dtypes)
+                channel.send(response, final=chunk.finished)
 
     def _log_unexpected(self, err: BaseException) -> None:
         trace = "".join(traceback.format_exception(err))
@@ -232,7 +232,7 @@ class ModelHost:
             self.logger.log_warn(f"{self.model_name}: stopping adapter rescans: {err!r}")
         self.engine.close()
         self.fleet.close()
-        self.responses.close()
+        self.responses.close(lambda: error_response(EngineUnavailable(CLOSED_MESSAGE)))
         self.metrics.close()
         # Response senders still referenced from old tracebacks must go while the stub can
         # release them: collected at interpreter exit, they crash the stub (seen after an
