@@ -71,9 +71,10 @@ bench: setup
 # ---- Soak (issue 8) ---------------------------------------------------------------------------
 # Mixed adapters, both models, streamed and not, against a tritonserver of its own; reports
 # requests, errors, p50/p99 latency and the server's RSS after warm-up and at the end; fails on
-# any error or >= 5 % RSS growth. make soak SOAK_ARGS="--duration 600 --concurrency 4"
-# (a running server: SOAK_ARGS="--grpc-url 127.0.0.1:8001 --server-pid PID").
-SOAK_ARGS ?= --duration 600 --concurrency 4
+# any error or >= 5 % RSS growth; stops at once, printing the server log's end, if the server dies.
+# make soak SOAK_ARGS="--duration 7200 --concurrency 4"
+# (a running server: SOAK_ARGS="--grpc-url 127.0.0.1:8001 --server-pid PID --server-log FILE").
+SOAK_ARGS ?= --duration 1800 --concurrency 4
 .PHONY: soak
 soak: setup
 	@$(PY) -m lora_serving.soak $(SOAK_ARGS)

@@ -165,17 +165,20 @@ def http_generate(
 def grpc_stream(
     url: str, model: str, fields: dict, parameters: dict | None = None, *, timeout_s: float = 600
 ):
-    """Yield every response of one request sent on its own gRPC stream."""
+    """Yield every response of one request sent on its own gRPC stream. Closing the generator
+    before the final response (e.g. `break`) cancels the request on the server."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
     replies: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: replies.put((result, error)))
+    ended = False
     try:
         client.async_stream_infer(model, infer_inputs(grpcclient, fields), parameters=parameters)
         while True:
             result, error = replies.get(timeout=timeout_s)
             if error is not None:
+                ended = True
                 raise RequestError(str(error))
             response = result.get_response()
             outputs = {}
@@ -186,11 +189,12 @@ def grpc_stream(
                     for v in values.reshape(values.shape[0], -1)[:, 0]
                 ]
             final = response.parameters["triton_final_response"].bool_param
+            ended = final
             yield Reply(outputs, final=final)
             if final:
                 return
     finally:
-        client.stop_stream()
+        client.stop_stream(cancel_requests=not ended)
         client.close()
 
 

@@ -1,11 +1,14 @@
 """Soak test: mixed adapters, both models, streamed and not, for a while; then the figures.
 
 `make soak` (or `python -m lora_serving.soak`) starts a tritonserver of its own on free ports, or
-uses a running one (`--grpc-url` and `--server-pid`). Each of `--concurrency` workers sends
-requests in turn from a fixed mix (whisper_lora and qwen_vl_lora; base, alpha, beta; streamed and
-not). After `--warmup` seconds the server's process-tree RSS is taken as the start; at the end
-again. It reports requests, errors, p50/p99 latency and RSS, and exits 1 on any error or on RSS
-growth of `--max-rss-growth` (default 5 %) or more.
+uses a running one (`--grpc-url` and `--server-pid`, optionally `--server-log`). Each of
+`--concurrency` workers sends requests in turn from a fixed mix (whisper_lora and qwen_vl_lora;
+base, alpha, beta; streamed and not); every 20th request (5 %) is streamed and cancelled by its
+client after the first partial text. After `--warmup` seconds the server's process-tree RSS is
+taken as the start; at the end again. It reports requests, errors, cancellations, p50/p99
+latency and RSS, and exits 1 on any error or on RSS growth of `--max-rss-growth` (default 5 %)
+or more. If the server dies (its process gone, or connections refused), the soak stops at once,
+prints the end of the server's log (where a crash stack lands) and exits 2.
 """
 
 import argparse
@@ -23,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ADAPTERS = (None, "alpha", "beta")
+CANCEL_EVERY = 20  # 5 % of requests are cancelled mid-stream by their client
 MODELS = ("whisper_lora", "qwen_vl_lora")
 SPEECH = "Soak testing keeps the server honest, one request after another."
 
@@ -33,6 +37,8 @@ class SoakReport:
     concurrency: int
     requests: int = 0
     errors: int = 0
+    cancelled: int = 0
+    server_died: str | None = None  # what showed it, and when
     error_samples: list[str] = field(default_factory=list)
     latency_p50_s: float = 0.0
     latency_p99_s: float = 0.0
@@ -45,13 +51,20 @@ class SoakReport:
         return self.rss_end_mib / self.rss_start_mib - 1 if self.rss_start_mib else 0.0
 
     def passed(self, max_rss_growth: float) -> bool:
-        return self.requests > 0 and self.errors == 0 and self.rss_growth < max_rss_growth
+        return (
+            self.server_died is None
+            and self.requests > 0
+            and self.errors == 0
+            and self.rss_growth < max_rss_growth
+        )
 
     def summary(self) -> str:
         by_model = ", ".join(f"{name} {count}" for name, count in self.requests_by_model.items())
+        died = f"SERVER DIED ({self.server_died}); " if self.server_died else ""
         return (
-            f"soak {self.duration_s:.0f} s, concurrency {self.concurrency}: "
+            f"{died}soak {self.duration_s:.0f} s, concurrency {self.concurrency}: "
             f"{self.requests} requests ({by_model}), {self.errors} errors, "
+            f"{self.cancelled} cancelled by their client, "
             f"latency p50 {self.latency_p50_s:.2f} s, p99 {self.latency_p99_s:.2f} s, "
             f"server RSS {self.rss_start_mib:.0f} MiB after warm-up -> "
             f"{self.rss_end_mib:.0f} MiB at the end ({self.rss_growth:+.1%})"
@@ -125,6 +138,29 @@ def _picture() -> bytes:
     return buffer.getvalue()
 
 
+def server_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def server_gone(grpc_url: str, pid: int) -> str | None:
+    """Why the server can no longer answer (its process gone, or it stopped answering health
+    checks), or None if it is up."""
+    import tritonclient.grpc as grpcclient
+
+    if not server_alive(pid):
+        return "the server process is gone"
+    try:
+        live = grpcclient.InferenceServerClient(grpc_url).is_server_live(client_timeout=10)
+    except Exception as err:  # refused, timed out: the same for a client
+        return f"the server does not answer ({err})"
+    return None if live else "the server reports itself not live"
+
+
 def run(
     grpc_url: str,
     server_pid: int,
@@ -135,7 +171,8 @@ def run(
     models: tuple[str, ...] = MODELS,
     log=print,
 ) -> SoakReport:
-    """Send the mix for warmup_s + duration_s; only requests after the warm-up are counted."""
+    """Send the mix for warmup_s + duration_s; only requests after the warm-up are counted.
+    Stops early, with `server_died` set, at the first sign that the server is gone."""
     from lora_client.requests import RequestError, grpc_stream
 
     mix = [item for item in request_mix() if item[0] in models]
@@ -144,10 +181,21 @@ def run(
     latencies: list[float] = []
     measuring = threading.Event()
     stop = threading.Event()
+    started = time.monotonic()
 
-    def one(model, fields, parameters) -> str | None:
+    def died(sign: str) -> None:
+        with lock:
+            if report.server_died is None:
+                report.server_died = f"{sign} after {time.monotonic() - started:.0f} s"
+        stop.set()
+
+    def one(model, fields, parameters, cancel: bool) -> str | None:
         try:
-            replies = list(grpc_stream(grpc_url, model, fields, parameters, timeout_s=120))
+            replies = []
+            for reply in grpc_stream(grpc_url, model, fields, parameters, timeout_s=120):
+                replies.append(reply)
+                if cancel:
+                    return None  # leaving the stream cancels the request
         except (RequestError, OSError) as err:
             return str(err)
         except Exception as err:  # tritonclient's own errors (stream broken, timeout)
@@ -157,20 +205,30 @@ def run(
         return None
 
     def worker(offset: int) -> None:
-        for model, fields, parameters in itertools.islice(itertools.cycle(mix), offset, None):
+        items = itertools.islice(itertools.cycle(mix), offset, None)
+        for n, (model, fields, parameters) in enumerate(items, start=offset):
             if stop.is_set():
                 return
+            cancel = n % CANCEL_EVERY == CANCEL_EVERY - 1
+            if cancel:
+                fields = cancelled_variant(fields)
             counted = measuring.is_set()
             start = time.monotonic()
-            error = one(model, fields, parameters)
+            error = one(model, fields, parameters, cancel)
             elapsed = time.monotonic() - start
+            if error and (gone := server_gone(grpc_url, server_pid)):
+                died(f"{gone}; a {model} request got: {error}")
+                return
             if not counted:  # started during the warm-up
                 continue
             with lock:
                 report.requests += 1
                 report.requests_by_model[model] = report.requests_by_model.get(model, 0) + 1
-                latencies.append(elapsed)
-                if error:
+                if cancel and not error:
+                    report.cancelled += 1
+                elif not error:
+                    latencies.append(elapsed)
+                else:
                     report.errors += 1
                     if len(report.error_samples) < 10:
                         report.error_samples.append(f"{model} {parameters}: {error}")
@@ -181,18 +239,45 @@ def run(
     for thread in threads:
         thread.start()
     log(f"warming up for {warmup_s:g} s ...")
-    time.sleep(warmup_s)
-    report.rss_start_mib = tree_rss_mib(server_pid)
-    measuring.set()
-    log(f"soaking for {duration_s:g} s with {concurrency} workers ...")
-    time.sleep(duration_s)
+    if not _wait(stop, warmup_s, server_pid, died):
+        report.rss_start_mib = tree_rss_mib(server_pid)
+        measuring.set()
+        log(f"soaking for {duration_s:g} s with {concurrency} workers ...")
+        _wait(stop, duration_s, server_pid, died)
     stop.set()
     for thread in threads:
         thread.join(timeout=150)
-    report.rss_end_mib = tree_rss_mib(server_pid)
+    report.rss_end_mib = tree_rss_mib(server_pid) if server_alive(server_pid) else 0.0
     report.latency_p50_s = percentile(latencies, 0.50)
     report.latency_p99_s = percentile(latencies, 0.99)
     return report
+
+
+def cancelled_variant(fields: dict) -> dict:
+    """The same request streamed and long enough to be cancelled while it runs."""
+    sampling = json.loads(fields.get("sampling_parameters", "{}"))
+    sampling.update(max_tokens=200, ignore_eos=True)
+    return {**fields, "stream": True, "sampling_parameters": json.dumps(sampling)}
+
+
+def _wait(stop: threading.Event, seconds: float, server_pid: int, died) -> bool:
+    """Sleep up to `seconds`, checking the server every second; True if the soak stopped."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if stop.wait(min(1.0, max(deadline - time.monotonic(), 0))):
+            return True
+        if not server_alive(server_pid):
+            died("the server process is gone")
+            return True
+    return stop.is_set()
+
+
+def server_log_tail(path: Path | None, lines: int = 60) -> str:
+    """The end of the server's log, where Triton prints a crash's signal and stack."""
+    if path is None or not path.is_file():
+        return "(no server log: pass --server-log)"
+    text = path.read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:])
 
 
 def _start_server():
@@ -234,12 +319,13 @@ def _free_port() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=600, help="seconds measured")
+    parser.add_argument("--duration", type=float, default=1800, help="seconds measured")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--warmup", type=float, default=60, help="seconds before measuring")
     parser.add_argument("--max-rss-growth", type=float, default=0.05)
     parser.add_argument("--grpc-url", help="a running server (needs --server-pid)")
     parser.add_argument("--server-pid", type=int, help="tritonserver's pid, for its RSS")
+    parser.add_argument("--server-log", type=Path, help="its log, printed if it dies")
     parser.add_argument("--report", type=Path, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
     if bool(args.grpc_url) != bool(args.server_pid):
@@ -249,10 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it (and its server) like Ctrl-C
     try:
         if args.grpc_url:
-            grpc_url, pid = args.grpc_url, args.server_pid
+            grpc_url, pid, log_path = args.grpc_url, args.server_pid, args.server_log
         else:
             server = _start_server()
             grpc_url, pid = f"127.0.0.1:{server.grpc}", server.process.pid
+            log_path = server.log_path
         report = run(
             grpc_url,
             pid,
@@ -267,10 +354,14 @@ def main(argv: list[str] | None = None) -> int:
     print(report.summary())
     for sample in report.error_samples:
         print(f"  error: {sample}")
+    if report.server_died:
+        print(f"the server died; the end of its log ({log_path}):\n{server_log_tail(log_path)}")
     if args.report:
         args.report.write_text(
             json.dumps({**asdict(report), "rss_growth": report.rss_growth}, indent=2)
         )
+    if report.server_died:
+        return 2
     return 0 if report.passed(args.max_rss_growth) else 1
 
 

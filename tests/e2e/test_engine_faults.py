@@ -112,18 +112,12 @@ def load_with_fast_cancel_poll(url: str, demo_models) -> None:
 
 def cancelled_after_first_reply(url: str, fields: dict) -> str:
     """Stream a long request and cancel it once its first partial text arrives."""
-    from lora_client.requests import infer_inputs
-
-    client = grpcclient.InferenceServerClient(url)
-    replies: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: replies.put(error))
     try:
-        client.async_stream_infer(MODEL, infer_inputs(grpcclient, long_request(fields, True)))
-        error = replies.get(timeout=60)
-        return "first reply" if error is None else str(error)
-    finally:
-        client.stop_stream(cancel_requests=True)
-        client.close()
+        for _reply in grpc_stream(url, MODEL, long_request(fields, stream=True), timeout_s=60):
+            return "first reply"  # closing the stream early cancels the request
+    except RequestError as err:
+        return str(err)
+    return "no reply"
 
 
 def test_responses_racing_cancel_polls_do_not_crash_the_server(own_server, url, short, demo_models):
