@@ -170,6 +170,7 @@ def run(
     warmup_s: float,
     models: tuple[str, ...] = MODELS,
     log=print,
+    progress_every_s: float = 600,
 ) -> SoakReport:
     """Send the mix for warmup_s + duration_s; only requests after the warm-up are counted.
     Stops early, with `server_died` set, at the first sign that the server is gone."""
@@ -243,7 +244,25 @@ def run(
         report.rss_start_mib = tree_rss_mib(server_pid)
         measuring.set()
         log(f"soaking for {duration_s:g} s with {concurrency} workers ...")
-        _wait(stop, duration_s, server_pid, died)
+        measured_from = time.monotonic()
+        end = measured_from + duration_s
+        while time.monotonic() < end:
+            if _wait(stop, min(progress_every_s, end - time.monotonic()), server_pid, died):
+                break
+            with lock:
+                so_far = SoakReport(
+                    duration_s=time.monotonic() - measured_from,
+                    concurrency=concurrency,
+                    requests=report.requests,
+                    errors=report.errors,
+                    cancelled=report.cancelled,
+                    latency_p50_s=percentile(latencies, 0.50),
+                    latency_p99_s=percentile(latencies, 0.99),
+                    requests_by_model=dict(report.requests_by_model),
+                    rss_start_mib=report.rss_start_mib,
+                )
+            so_far.rss_end_mib = tree_rss_mib(server_pid)
+            log(f"so far: {so_far.summary()}")
     stop.set()
     for thread in threads:
         thread.join(timeout=150)
@@ -327,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-pid", type=int, help="tritonserver's pid, for its RSS")
     parser.add_argument("--server-log", type=Path, help="its log, printed if it dies")
     parser.add_argument("--report", type=Path, help="also write the figures as JSON here")
+    parser.add_argument(
+        "--progress-every", type=float, default=600, help="seconds between interim figures"
+    )
     args = parser.parse_args(argv)
     if bool(args.grpc_url) != bool(args.server_pid):
         parser.error("--grpc-url and --server-pid go together")
@@ -347,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             concurrency=args.concurrency,
             warmup_s=args.warmup,
             log=lambda line: print(line, flush=True),
+            progress_every_s=args.progress_every,
         )
     finally:
         if server is not None:
