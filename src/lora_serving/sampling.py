@@ -1,7 +1,9 @@
 """`sampling_parameters` JSON (Triton vllm_backend's keys) -> keyword arguments of SamplingParams.
 
 Every problem is reported in one InvalidRequest naming the key and what is allowed, so a client
-fixes its request once instead of once per key.
+fixes its request once instead of once per key. A task may accept keys of its own
+(`task_fields`, e.g. Whisper's suppress_tokens); they come back in the same dict and the task
+takes them out before the rest becomes SamplingParams.
 """
 
 import json
@@ -11,8 +13,9 @@ from typing import Any
 from lora_serving.errors import InvalidRequest
 
 # key -> (accepted python types, check on the value, human description of the valid range)
+Field = tuple[tuple[type, ...], Any, str]
 _NUMBER = (int, float)
-_FIELDS: dict[str, tuple[tuple[type, ...], Any, str]] = {
+_FIELDS: dict[str, Field] = {
     "temperature": (_NUMBER, lambda v: 0 <= v <= 100, "a number >= 0"),
     "top_p": (_NUMBER, lambda v: 0 < v <= 1, "a number in (0, 1]"),
     "top_k": ((int,), lambda v: v == -1 or v >= 0, "an integer >= 0, or -1 for all"),
@@ -37,9 +40,14 @@ _PASS_THROUGH_KEYS = {"lora_name"}
 
 
 def parse_sampling_parameters(
-    raw: str | None, *, defaults: dict[str, Any], max_tokens_limit: int
+    raw: str | None,
+    *,
+    defaults: dict[str, Any],
+    max_tokens_limit: int,
+    task_fields: dict[str, Field] | None = None,
 ) -> tuple[dict[str, Any], str | None]:
-    """Return (SamplingParams kwargs, lora_name found in the JSON or None)."""
+    """Return (SamplingParams kwargs + task keys, lora_name found in the JSON or None)."""
+    fields = {**_FIELDS, **(task_fields or {})}
     params = dict(defaults)
     if raw is None or raw.strip() == "":
         return params, None
@@ -55,10 +63,10 @@ def parse_sampling_parameters(
     for key, value in given.items():
         if key in _PASS_THROUGH_KEYS:
             continue
-        if key not in _FIELDS:
-            problems.append(f"unknown key '{key}' (allowed: {', '.join(sorted(_FIELDS))})")
+        if key not in fields:
+            problems.append(f"unknown key '{key}' (allowed: {', '.join(sorted(fields))})")
             continue
-        types, check, allowed = _FIELDS[key]
+        types, check, allowed = fields[key]
         # bool is an int in Python; a JSON true is never a valid number here.
         wrong_type = not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
         if (

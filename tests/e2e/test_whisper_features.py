@@ -42,7 +42,8 @@ def reference_tokens(demo_models, adapter, wav, prompt_ids, max_tokens=60) -> li
 
 
 def transformers_segments(demo_models, adapter, wav) -> list[dict]:
-    """transformers' own Whisper timestamp decoding (its WhisperTimeStampLogitsProcessor)."""
+    """transformers' own Whisper timestamp decoding (its WhisperTimeStampLogitsProcessor) with
+    the model's generation_config (token suppression on), as whisper_lora decodes by default."""
     from transformers import AutoTokenizer
 
     from lora_serving.reference.whisper import _load_feature_extractor, _load_model
@@ -53,7 +54,7 @@ def transformers_segments(demo_models, adapter, wav) -> list[dict]:
         load_16k(wav), sampling_rate=16000, return_tensors="pt"
     ).input_features
     ids = _load_model(base, adapter_dir).generate(
-        features, language="en", task="transcribe", return_timestamps=True, suppress_tokens=[]
+        features, language="en", task="transcribe", return_timestamps=True
     )[0]
     decoded = AutoTokenizer.from_pretrained(base).decode(
         ids, output_offsets=True, skip_special_tokens=True

@@ -18,7 +18,7 @@ from lora_serving.jobs import GenerationChunk
 from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
 from lora_serving.tasks.transcription import TranscriptionTask
-from lora_serving.tasks.whisper_timestamps import EXTRA_ARG
+from lora_serving.tasks.whisper_logits import EXTRA_ARG
 
 SOT, SOT_PREV, EN, DE, TRANSCRIBE, NO_TS, TS = 50258, 50361, 50259, 50261, 50359, 50363, 50364
 EOT = 50257
@@ -35,6 +35,12 @@ def task(demo_models, tmp_path_factory):
     )
     catalog = AdapterCatalog.from_multi_lora_json(None, enabled=False, max_lora_rank=8)
     return TranscriptionTask(settings, catalog, AutoTokenizer.from_pretrained(model))
+
+
+def task_model_dir(task):
+    from pathlib import Path
+
+    return Path(task.reader.settings.engine_args["model"])
 
 
 def request(**inputs) -> RawRequest:
@@ -75,14 +81,29 @@ def test_prompt_follows_whisper_with_language_given(task):
     assert job.prepare is None and job.context["language"] == "en"
     prompt, sampling = job_request(task, job)
     assert prompt["encoder_prompt"]["multi_modal_data"]["audio"][1] == 16000
+    rules = sampling.pop("extra_args")[EXTRA_ARG]
     assert sampling == {"temperature": 0.0, "max_tokens": 128}
+    # By default the model's generation_config suppression, as openai-whisper and transformers.
+    config = json.loads(((task_model_dir(task)) / "generation_config.json").read_text())
+    assert rules["suppress"] == sorted(config["suppress_tokens"])
+    assert rules["suppress_at_begin"] == config["begin_suppress_tokens"] == [220, EOT]
+    assert rules["timestamps"] is None
+
+
+def test_suppression_can_be_turned_off_or_extended_per_request(task):
+    off = json.dumps({"suppress_tokens": [], "suppress_blank": False})
+    job = task.build_plan(request(audio=tone(2), language="en", sampling_parameters=off)).jobs[0]
+    assert "extra_args" not in job_request(task, job)[1]
+    more = json.dumps({"suppress_tokens": [1234]})
+    job = task.build_plan(request(audio=tone(2), language="en", sampling_parameters=more)).jobs[0]
+    assert 1234 in job_request(task, job)[1]["extra_args"][EXTRA_ARG]["suppress"]
 
 
 def test_timestamps_leave_out_notimestamps_and_turn_the_rules_on(task):
     job = task.build_plan(request(audio=tone(2), language="de", timestamps=True)).jobs[0]
     assert decoder_ids(task, job) == [SOT, DE, TRANSCRIBE]
     rules = job_request(task, job)[1]["extra_args"][EXTRA_ARG]
-    assert rules == {"timestamp_begin": TS, "eot": 50257}
+    assert rules["timestamps"] == {"timestamp_begin": TS, "eot": 50257}
 
 
 def test_previous_text_keeps_its_last_half_context_and_max_tokens_fits_the_rest(task):

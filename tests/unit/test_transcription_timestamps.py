@@ -5,12 +5,7 @@ import itertools
 import pytest
 import torch
 
-from lora_serving.tasks.whisper_timestamps import (
-    EXTRA_ARG,
-    TimestampRules,
-    WhisperTimestampRules,
-    read_window,
-)
+from lora_serving.tasks.whisper_timestamps import TimestampRules, read_window
 
 EOT, TS = 50257, 50364  # <|endoftext|>, <|0.00|> in Whisper's multilingual tokenizer
 VOCAB = TS + 1501
@@ -78,18 +73,6 @@ def test_likelier_timestamps_than_any_text_token_force_a_timestamp():
 
 def test_control_tokens_never_appear():
     assert "control" not in allowed([TS, TEXT])
-
-
-def test_the_vllm_processor_applies_only_to_requests_that_ask():
-    from vllm import SamplingParams
-
-    processor = WhisperTimestampRules(None, torch.device("cpu"), False)
-    assert processor.new_req_logits_processor(SamplingParams()) is None
-    asked = SamplingParams(extra_args={EXTRA_ARG: {"timestamp_begin": TS, "eot": EOT}})
-    assert processor.new_req_logits_processor(asked) == RULES
-    assert not processor.is_argmax_invariant()
-    with pytest.raises(TypeError):
-        WhisperTimestampRules.validate_params(SamplingParams(extra_args={EXTRA_ARG: {"x": 1}}))
 
 
 def read(tokens):

@@ -1,10 +1,14 @@
-"""Whisper reference: the adapter merged into the base weights, then plain greedy decoding.
+"""Whisper reference: the adapter merged into the base weights, then transformers' decoding.
 
 The engine applies LoRA as a separate low-rank path per request; merging with PEFT is the
-independent ground truth tests compare it with. Greedy takes the argmax of the raw logits, with
-none of generate()'s logits processors (suppress_tokens etc.), as vLLM does with temperature 0.
+independent ground truth tests compare it with. `reference_generate` is transformers' own
+`generate()` with the model's generation_config (suppress_tokens and begin_suppress_tokens on,
+timestamp rules when the prompt asks for timestamps): what whisper_lora serves by default.
+`greedy_without_rules` takes the argmax of the raw logits, as bare vLLM does at temperature 0;
+tests of the engine alone (no served decoding rules) compare with it.
 """
 
+import copy
 from functools import lru_cache
 from pathlib import Path
 
@@ -39,17 +43,68 @@ def reference_generate(
     audio_16k: np.ndarray,
     decoder_prompt_ids: list[int],
     max_tokens: int,
+    *,
+    suppress_tokens: list[int] | None = None,
+    suppress_blank: bool = True,
 ) -> tuple[list[int], list[float]]:
-    """Greedy tokens after decoder_prompt_ids and the log-probability of each.
+    """transformers' `generate()` after decoder_prompt_ids: (tokens, log-probability of each
+    after the logits processors). Stops after <|endoftext|> (included, as vLLM includes it) or
+    after max_tokens tokens.
 
-    Stops after <|endoftext|> (included, as vLLM includes it) or after max_tokens tokens.
+    suppress_tokens None: the generation_config's list; [] none. Timestamp rules apply when the
+    prompt lacks <|notimestamps|> (generate's return_timestamps).
     """
+    model, features = _model_and_features(base_dir, adapter_dir, audio_16k)
+    config = copy.deepcopy(model.generation_config)
+    if suppress_tokens is not None:
+        config.suppress_tokens = list(suppress_tokens) or None
+    if not suppress_blank:
+        config.begin_suppress_tokens = None
+    config.max_length = None  # max_new_tokens decides
+    timestamps = config.no_timestamps_token_id not in decoder_prompt_ids
+    with torch.inference_mode():
+        output = model.generate(
+            features,
+            generation_config=config,
+            decoder_input_ids=torch.tensor([decoder_prompt_ids]),
+            max_new_tokens=max_tokens,
+            return_timestamps=timestamps,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
+    tokens = output.sequences[0, len(decoder_prompt_ids) :].tolist()
+    logprobs = [
+        float(torch.log_softmax(step[0].float(), dim=-1)[token])
+        for step, token in zip(output.scores, tokens, strict=False)
+    ]
+    end_of_text = model.config.eos_token_id
+    if end_of_text in tokens:  # nothing after the first end of text counts
+        tokens = tokens[: tokens.index(end_of_text) + 1]
+    return tokens, logprobs[: len(tokens)]
+
+
+def _model_and_features(base_dir: Path, adapter_dir: Path | None, audio_16k: np.ndarray):
     base_key = str(Path(base_dir).absolute())
     adapter_key = None if adapter_dir is None else str(Path(adapter_dir).absolute())
     model = _load_model(base_key, adapter_key)
     features = _load_feature_extractor(base_key)(
         np.asarray(audio_16k, dtype=np.float32), sampling_rate=SAMPLE_RATE, return_tensors="pt"
     ).input_features
+    return model, features
+
+
+def greedy_without_rules(
+    base_dir: Path,
+    adapter_dir: Path | None,
+    audio_16k: np.ndarray,
+    decoder_prompt_ids: list[int],
+    max_tokens: int,
+) -> tuple[list[int], list[float]]:
+    """Greedy tokens after decoder_prompt_ids and the log-probability of each.
+
+    Stops after <|endoftext|> (included, as vLLM includes it) or after max_tokens tokens.
+    """
+    model, features = _model_and_features(base_dir, adapter_dir, audio_16k)
     end_of_text = model.config.eos_token_id
 
     token_ids: list[int] = []

@@ -6,7 +6,7 @@ from lora_serving.adapters import Adapter, AdapterCatalog, pick_adapter_name
 from lora_serving.errors import InvalidRequest
 from lora_serving.jobs import GenerationChunk, GenerationJob, RequestPlan
 from lora_serving.request_inputs import RawRequest
-from lora_serving.sampling import parse_sampling_parameters
+from lora_serving.sampling import Field, parse_sampling_parameters
 from lora_serving.settings import EngineSettings
 
 
@@ -32,11 +32,13 @@ class RowReader:
         *,
         max_tokens_limit: int,
         sampling_defaults: dict[str, Any],
+        task_fields: dict[str, Field] | None = None,
     ):
         self.settings = settings
         self.catalog = catalog
         self.max_tokens_limit = max_tokens_limit
         self.sampling_defaults = sampling_defaults
+        self.task_fields = task_fields
 
     def plan(self, raw: RawRequest, make_job) -> RequestPlan:
         """One job per batch row, made by the task's `make_job(raw, row)`."""
@@ -56,6 +58,7 @@ class RowReader:
             raw.string("sampling_parameters", row),
             defaults=self.sampling_defaults,
             max_tokens_limit=self.max_tokens_limit,
+            task_fields=self.task_fields,
         )
         parameter = raw.parameters.get("lora_name")
         if parameter is not None and not isinstance(parameter, str):

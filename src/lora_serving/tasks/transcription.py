@@ -26,8 +26,9 @@ from lora_serving.errors import InvalidRequest
 from lora_serving.jobs import GenerationChunk, GenerationJob, RequestPlan, Stream
 from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
-from lora_serving.tasks import whisper_timestamps
+from lora_serving.tasks import whisper_options, whisper_timestamps
 from lora_serving.tasks.base import RowReader
+from lora_serving.tasks.whisper_logits import EXTRA_ARG, PROCESSOR, DecodingRules
 from lora_serving.tasks.whisper_windows import decode_seeking, decode_windows
 from lora_serving.vllm_plugin.whisper_encoder_lora import (
     encoder_lora_supported,
@@ -54,6 +55,7 @@ class TranscriptionTask:
     def __init__(self, settings: EngineSettings, catalog: AdapterCatalog, tokenizer):
         self.tokenizer = tokenizer
         self.max_model_len = int(settings.engine_args.get("max_model_len") or 448)
+        vocab_size = len(tokenizer)
         self.reader = RowReader(
             settings,
             catalog,
@@ -61,7 +63,14 @@ class TranscriptionTask:
             sampling_defaults={
                 "temperature": 0.0,
                 "max_tokens": settings.serving.default_max_tokens,
+                **whisper_options.decoding_defaults(
+                    settings.serving.task, vocab_size, source="model.json"
+                ),
             },
+            task_fields=whisper_options.task_fields(vocab_size),
+        )
+        self.suppression = whisper_options.SuppressionLists.from_model_dir(
+            Path(settings.engine_args["model"])
         )
         self.max_audio_seconds = float(
             settings.serving.task.get("max_audio_seconds", DEFAULT_MAX_AUDIO_SECONDS)
@@ -88,8 +97,8 @@ class TranscriptionTask:
         decoder-token mapping to its 1500 frames per audio, killing the engine.
         """
         processors = list(settings.engine_args.get("logits_processors") or [])
-        if whisper_timestamps.PROCESSOR not in processors:
-            processors.append(whisper_timestamps.PROCESSOR)
+        if PROCESSOR not in processors:
+            processors.append(PROCESSOR)
         overrides: dict[str, Any] = {"logits_processors": processors}
         if (
             not settings.lora_enabled
@@ -135,6 +144,7 @@ class TranscriptionTask:
     def _job(self, raw: RawRequest, row: int) -> GenerationJob:
         samples = self._audio(raw, row)
         sampling, adapter = self.reader.sampling_and_adapter(raw, row)
+        options = {key: sampling.pop(key) for key in whisper_options.DEFAULTS}
         language = self._language(raw, row)
         task = (raw.string("task", row) or "transcribe").strip().lower()
         if task not in TASKS:
@@ -149,6 +159,7 @@ class TranscriptionTask:
                 "task": task,
                 "timestamps": raw.boolean("timestamps", row, default=False),
                 "previous_ids": self._previous_ids(raw.string("prompt", row) or ""),
+                "suppressed": self.suppression.resolve(options),
                 "segments": [],  # filled while decoding with timestamps
             },
         )
@@ -223,8 +234,16 @@ class TranscriptionTask:
         engine_prompt_len = len(ids) + (ids[0] != self.special["startoftranscript"])
         sampling = dict(job.sampling)
         sampling["max_tokens"] = min(sampling["max_tokens"], self.max_model_len - engine_prompt_len)
-        if context["timestamps"]:
-            sampling["extra_args"] = {whisper_timestamps.EXTRA_ARG: self.timestamp_rules}
+        everywhere, at_begin = context["suppressed"]
+        rules = DecodingRules(
+            suppress=everywhere,
+            suppress_at_begin=at_begin,
+            timestamps=whisper_timestamps.TimestampRules(**self.timestamp_rules)
+            if context["timestamps"]
+            else None,
+        )
+        if not rules.empty:
+            sampling["extra_args"] = {EXTRA_ARG: rules.as_extra_arg()}
         context.update(language=language, decoder_ids=ids, window_sampling=sampling)
 
     def request_for(self, job: GenerationJob, samples: np.ndarray) -> tuple[dict, dict]:

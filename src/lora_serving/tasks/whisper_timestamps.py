@@ -1,22 +1,17 @@
-"""Whisper timestamps: OpenAI's decoding rules as a vLLM logits processor, tokens -> segments.
+"""Whisper timestamps: OpenAI's timestamp rules for one request's logits, tokens -> segments.
 
 Greedy decoding on its own almost never emits a timestamp before the end of the audio, so a
 window would come back as one segment. Whisper's reference decoder (openai-whisper
 `ApplyTimestampRules`, transformers `WhisperTimeStampLogitsProcessor`) gets sentence-level
 segments from a few rules applied to the logits at every step; `TimestampRules` is those rules
-for one request. vLLM loads `WhisperTimestampRules` in its engine process (engine argument
-`logits_processors`) and applies it only to requests whose `SamplingParams.extra_args` carry
-EXTRA_ARG, so requests without timestamps decode exactly as before.
+for one request, applied in the engine with Whisper's other decoding rules (whisper_logits).
 """
 
 import math
 from dataclasses import dataclass
 
 import torch
-from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
-EXTRA_ARG = "whisper_timestamp_rules"
-PROCESSOR = "lora_serving.tasks.whisper_timestamps:WhisperTimestampRules"
 SECONDS_PER_TIMESTAMP = 0.02  # <|0.00|>, <|0.02|>, ... <|30.00|>
 MAX_INITIAL_TIMESTAMP_S = 1.0  # openai-whisper's default: speech starts within the first second
 
@@ -56,23 +51,6 @@ class TimestampRules:
         if logprobs[first_timestamp:].logsumexp(dim=-1) > logprobs[:first_timestamp].max():
             logits[:first_timestamp] = -math.inf
         return logits
-
-
-class WhisperTimestampRules(AdapterLogitsProcessor):
-    """Applies TimestampRules to the requests that ask for it (vLLM v1 logits processor)."""
-
-    @classmethod
-    def validate_params(cls, sampling_params) -> None:
-        rules = (sampling_params.extra_args or {}).get(EXTRA_ARG)
-        if rules is not None:
-            TimestampRules(**rules)  # a wrong key fails the request, not the engine step
-
-    def is_argmax_invariant(self) -> bool:
-        return False  # it changes what greedy decoding picks
-
-    def new_req_logits_processor(self, params) -> TimestampRules | None:
-        rules = (params.extra_args or {}).get(EXTRA_ARG)
-        return None if rules is None else TimestampRules(**rules)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,123 @@
+"""Whisper's decoding rules on one request's logits row (suppression, then timestamps), the
+vLLM processor that carries them, and the options that choose them."""
+
+import math
+
+import pytest
+import torch
+
+from lora_serving.errors import ConfigError, InvalidRequest
+from lora_serving.sampling import parse_sampling_parameters
+from lora_serving.tasks import whisper_options
+from lora_serving.tasks.whisper_logits import EXTRA_ARG, DecodingRules, WhisperLogitsRules
+from lora_serving.tasks.whisper_timestamps import TimestampRules
+
+EOT, TS = 50257, 50364
+VOCAB = TS + 1501
+BLANK, PAREN, TEXT = 220, 7, 440
+LISTS = whisper_options.SuppressionLists(non_speech=(PAREN, 8, 9), at_begin=(BLANK, EOT))
+
+
+def flat() -> torch.Tensor:
+    return torch.zeros(VOCAB)
+
+
+def test_begin_suppression_only_at_the_first_sampled_position():
+    rules = DecodingRules(suppress_at_begin=(BLANK, EOT))
+    first = rules([], flat())
+    assert first[BLANK] == -math.inf and first[EOT] == -math.inf and first[TEXT] == 0
+    later = rules([TEXT], flat())
+    assert later[BLANK] == 0 and later[EOT] == 0
+
+
+def test_suppressed_tokens_never_win_greedy():
+    logits = flat()
+    logits[PAREN] = 50.0  # "(" would be the argmax, as for an adapter that says "(indistinct)"
+    logits[TEXT] = 1.0
+    out = DecodingRules(suppress=(PAREN,))([TEXT], logits)
+    assert int(out.argmax()) == TEXT
+
+
+def test_timestamp_rules_see_the_suppressed_logits():
+    """The 'timestamps likelier than text' test runs after suppression, as in openai-whisper and
+    transformers: a suppressed text token cannot keep timestamps out."""
+    logits = flat()
+    logits[PAREN] = 30.0  # would beat every timestamp, were it not suppressed
+    logits[TS + 10] = 5.0
+    rules = DecodingRules(suppress=(PAREN,), timestamps=TimestampRules(TS, EOT))
+    out = rules([TS, TEXT], logits)
+    assert int(out.argmax()) == TS + 10
+    assert torch.isinf(out[:TS]).all()
+
+
+def test_extra_arg_round_trip_and_bad_keys():
+    rules = DecodingRules((1, 2), (BLANK,), TimestampRules(TS, EOT))
+    assert DecodingRules.from_extra_arg(rules.as_extra_arg()) == rules
+    assert DecodingRules().empty and not rules.empty
+    with pytest.raises(ValueError, match="unknown whisper_rules keys"):
+        DecodingRules.from_extra_arg({"suppres": [1]})
+
+
+def test_the_vllm_processor_applies_only_to_requests_that_carry_rules():
+    from vllm import SamplingParams
+
+    processor = WhisperLogitsRules(None, torch.device("cpu"), False)
+    assert processor.new_req_logits_processor(SamplingParams()) is None
+    rules = DecodingRules(suppress=(PAREN,))
+    asked = SamplingParams(extra_args={EXTRA_ARG: rules.as_extra_arg()})
+    assert processor.new_req_logits_processor(asked) == rules
+    assert not processor.is_argmax_invariant()
+    with pytest.raises(TypeError):
+        bad = {"suppress": [], "timestamps": {"x": 1}}
+        WhisperLogitsRules.validate_params(SamplingParams(extra_args={EXTRA_ARG: bad}))
+
+
+@pytest.mark.parametrize(
+    "options, everywhere, at_begin",
+    [
+        (whisper_options.DEFAULTS, (PAREN, 8, 9), (BLANK, EOT)),
+        ({"suppress_tokens": [], "suppress_blank": True}, (), (BLANK, EOT)),
+        ({"suppress_tokens": "", "suppress_blank": False}, (), ()),
+        ({"suppress_tokens": [1234], "suppress_blank": True}, (PAREN, 8, 9, 1234), (BLANK, EOT)),
+        ({"suppress_tokens": "-1,1234", "suppress_blank": True}, (PAREN, 8, 9, 1234), (BLANK, EOT)),
+    ],
+)
+def test_options_resolve_like_openai_whisper(options, everywhere, at_begin):
+    assert LISTS.resolve(options) == (tuple(sorted(everywhere)), at_begin)
+
+
+def parse(raw: str):
+    defaults = {"max_tokens": 8, **whisper_options.DEFAULTS}
+    fields = whisper_options.task_fields(VOCAB)
+    return parse_sampling_parameters(
+        raw, defaults=defaults, max_tokens_limit=400, task_fields=fields
+    )[0]
+
+
+def test_sampling_parameters_take_the_whisper_keys():
+    assert parse('{"suppress_tokens": [], "suppress_blank": false}')["suppress_tokens"] == []
+    assert parse("{}")["suppress_tokens"] == [-1]
+    with pytest.raises(InvalidRequest) as err:
+        parse('{"suppress_tokens": [99999999, "a"], "suppress_blank": 1}')
+    message = str(err.value)
+    assert "'suppress_tokens' must be a list of token ids in [0, 51865)" in message
+    assert "'suppress_blank' must be true or false, got 1" in message
+
+
+def test_model_json_defaults_are_checked(tmp_path):
+    given = {"decoding": {"suppress_blank": False}}
+    assert whisper_options.decoding_defaults(given, VOCAB, "m")["suppress_blank"] is False
+    with pytest.raises(ConfigError) as err:
+        bad = {"decoding": {"suppress_tokens": "x", "beam": 5}}
+        whisper_options.decoding_defaults(bad, VOCAB, "model.json")
+    assert "unknown key serving.task.decoding.beam" in str(err.value)
+    assert "serving.task.decoding.suppress_tokens must be" in str(err.value)
+
+
+def test_the_demo_model_lists_come_from_its_generation_config(tmp_path):
+    (tmp_path / "generation_config.json").write_text(
+        '{"suppress_tokens": [1, 2], "begin_suppress_tokens": [220, 50257]}'
+    )
+    lists = whisper_options.SuppressionLists.from_model_dir(tmp_path)
+    assert lists == whisper_options.SuppressionLists((1, 2), (220, 50257))
+    assert whisper_options.SuppressionLists.from_model_dir(tmp_path / "none").non_speech == ()
