@@ -106,7 +106,15 @@ def test_timestamps_leave_out_notimestamps_and_turn_the_rules_on(task):
     assert rules["timestamps"] == {"timestamp_begin": TS, "eot": 50257}
 
 
-def test_previous_text_keeps_its_last_half_context_and_max_tokens_fits_the_rest(task):
+@pytest.mark.parametrize("prompt_kept", [True, False])
+def test_previous_text_keeps_its_last_half_context_and_max_tokens_fits_the_rest(
+    task, monkeypatch, prompt_kept
+):
+    """With our plugin the prompt reaches Whisper as given; without it vLLM puts one more
+    <|startoftranscript|> in front, and max_tokens leaves room for it."""
+    from lora_serving.vllm_plugin import whisper_decoder_prompt
+
+    monkeypatch.setattr(whisper_decoder_prompt, "applied", lambda: prompt_kept)
     prompt = " ".join(["word"] * 400)
     sampling = json.dumps({"max_tokens": 400})
     job = task.build_plan(
@@ -115,8 +123,8 @@ def test_previous_text_keeps_its_last_half_context_and_max_tokens_fits_the_rest(
     ids = decoder_ids(task, job)
     assert ids[0] == SOT_PREV and ids[-4:] == [SOT, EN, TRANSCRIBE, NO_TS]
     assert len(ids) == 1 + 223 + 4
-    # 448 positions: the engine's extra <|startoftranscript|>, the prompt, then the output.
-    assert job_request(task, job)[1]["max_tokens"] == 448 - 1 - len(ids)
+    # 448 positions: the prompt (+ vLLM's own <|startoftranscript|>), then the output.
+    assert job_request(task, job)[1]["max_tokens"] == 448 - len(ids) - (not prompt_kept)
 
 
 def test_language_absent_or_blank_is_detected_from_the_first_30_s(task):

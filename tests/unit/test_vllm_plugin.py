@@ -241,3 +241,30 @@ def test_register_leaves_other_platforms_alone(monkeypatch, restore_vllm_ops):
     plugin.register()
 
     assert all(getattr(module, name) is op for (module, name), op in restore_vllm_ops.items())
+
+
+def test_whisper_decoder_prompt_is_used_as_given():
+    """vLLM prepends <|startoftranscript|> to a decoder prompt unless the processor says its
+    prompts are complete; after register() Whisper's does, and vLLM's own prefixing function is
+    not reached (upstream issue 53206)."""
+    from vllm.inputs.engine import build_enc_dec_input
+    from vllm.model_executor.models.whisper import WhisperMultiModalProcessor
+
+    from lora_serving.vllm_plugin import whisper_decoder_prompt
+
+    saved = WhisperMultiModalProcessor.skip_decoder_start_token
+    try:
+        WhisperMultiModalProcessor.skip_decoder_start_token = False
+        assert not whisper_decoder_prompt.applied()
+        plugin.register()
+        assert whisper_decoder_prompt.applied()
+        assert not whisper_decoder_prompt.apply()  # a second time changes nothing
+    finally:
+        WhisperMultiModalProcessor.skip_decoder_start_token = saved
+    prev, sot = 50361, 50258
+    encoder = {"type": "token", "prompt_token_ids": []}
+    decoder = {"type": "token", "prompt_token_ids": [prev, 1, 2, sot]}
+    kept = build_enc_dec_input(encoder, dict(decoder), sot, skip_decoder_start_token=True)
+    prefixed = build_enc_dec_input(encoder, dict(decoder), sot)
+    assert kept["decoder_prompt"]["prompt_token_ids"] == [prev, 1, 2, sot]
+    assert prefixed["decoder_prompt"]["prompt_token_ids"] == [sot, prev, 1, 2, sot]

@@ -7,10 +7,10 @@ Without `language`, Whisper's own detection picks <|xx|> from the first 30 s. Wi
 <|notimestamps|> is left out and the engine applies Whisper's timestamp rules
 (`whisper_timestamps`), so the output carries segment times.
 
-vLLM 0.32 puts <|startoftranscript|> in front of any decoder prompt that does not start with it
-(the Hugging Face decoder-start convention), so with previous text the model sees
-<|startoftranscript|><|startofprev|> ... . Whisper was not trained on that prefix; the previous
-text still conditions the output, but less than in openai-whisper (see README).
+Previous text reaches Whisper in the form it was trained on (<|startofprev|> first), as
+openai-whisper and transformers' `generate(prompt_ids=...)` send it: our vLLM plugin
+(vllm_plugin/whisper_decoder_prompt) stops vLLM 0.32 from putting another <|startoftranscript|>
+in front.
 """
 
 import functools
@@ -30,6 +30,7 @@ from lora_serving.tasks import whisper_options, whisper_timestamps
 from lora_serving.tasks.base import RowReader
 from lora_serving.tasks.whisper_logits import EXTRA_ARG, PROCESSOR, DecodingRules
 from lora_serving.tasks.whisper_windows import decode_seeking, decode_windows
+from lora_serving.vllm_plugin import whisper_decoder_prompt
 from lora_serving.vllm_plugin.whisper_encoder_lora import (
     encoder_lora_supported,
     unapplied_adapter_modules,
@@ -230,8 +231,11 @@ class TranscriptionTask:
         ]
         if not context["timestamps"]:
             ids.append(self.special["notimestamps"])
-        # The engine adds <|startoftranscript|> in front of a prompt that lacks it.
-        engine_prompt_len = len(ids) + (ids[0] != self.special["startoftranscript"])
+        # Without our plugin vLLM adds <|startoftranscript|> in front of a prompt that lacks it.
+        prefixed = (
+            not whisper_decoder_prompt.applied() and ids[0] != self.special["startoftranscript"]
+        )
+        engine_prompt_len = len(ids) + prefixed
         sampling = dict(job.sampling)
         sampling["max_tokens"] = min(sampling["max_tokens"], self.max_model_len - engine_prompt_len)
         everywhere, at_begin = context["suppressed"]

@@ -3,6 +3,8 @@
 - cpu_no_lora_index (defect 1, CPU only): a request without an adapter gets zero LoRA delta.
 - whisper_encoder_lora (defect 2, every platform): Whisper takes per-request LoRA on its
   encoder and cross-attention kv_proj.
+- whisper_decoder_prompt (every platform): Whisper's decoder prompt is not prefixed with an extra
+  <|startoftranscript|>, so previous text reaches it in the form it was trained on.
 - die_with_parent (not a defect): an EngineCore or worker dies with the process that started it,
   so a crashed Triton stub leaves no engine behind.
 
@@ -73,6 +75,14 @@ def register() -> None:
         applied.append(
             "whisper_encoder_lora (Whisper encoder and cross-attention kv_proj take per-request "
             "LoRA through the tower mapping; needs enable_tower_connector_lora=True)"
+        )
+
+    from . import whisper_decoder_prompt
+
+    if whisper_decoder_prompt.apply():
+        applied.append(
+            "whisper_decoder_prompt (Whisper's decoder prompt is used as given: <|startofprev|> "
+            "first, no extra <|startoftranscript|>)"
         )
 
     from . import die_with_parent
