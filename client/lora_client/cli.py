@@ -2,6 +2,7 @@
 
 lora-client transcribe speech.wav [--adapter alpha] [--language de] [--task translate] [--stream]
                       [--timestamps] [--prompt "previous text"]
+                      [--suppress-tokens "-1,1234"] [--no-suppress-blank]
 lora-client describe photo.png --prompt "What is shown?" [--adapter alpha] [--stream]
 lora-client describe --video f0.png f1.png f2.png --video-fps 2 --prompt "What happens?"
 lora-client list-adapters [--model qwen_vl_lora] [--json]
@@ -97,6 +98,16 @@ def _adapters(args, url: str) -> None:
             _print_listing(answer)
 
 
+def _decoding(args) -> dict:
+    """Whisper decoding options given on the command line (the server's defaults otherwise)."""
+    decoding = {}
+    if args.suppress_tokens is not None:
+        decoding["suppress_tokens"] = args.suppress_tokens
+    if args.no_suppress_blank:
+        decoding["suppress_blank"] = False
+    return decoding
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lora-client", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -106,6 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     transcribe.add_argument("--task", choices=["transcribe", "translate"])
     transcribe.add_argument("--timestamps", action="store_true", help="also print segments")
     transcribe.add_argument("--prompt", help="previous text (context for the first words)")
+    transcribe.add_argument(
+        "--suppress-tokens",
+        help='token ids never emitted, as openai-whisper: "-1" (default) the model\'s non-speech '
+        'set, "-1,1234" adds to it, "" none',
+    )
+    transcribe.add_argument(
+        "--no-suppress-blank",
+        action="store_true",
+        help="let the first token be a blank or end of text",
+    )
     _common(transcribe)
     describe = commands.add_parser(
         "describe", help="image(s) and/or a video + prompt -> text (qwen_vl_lora)"
@@ -146,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                     timestamps=args.timestamps,
                     stream=args.stream,
                     max_tokens=args.max_tokens,
+                    decoding=_decoding(args),
                 )
                 if len(args.files) > 1:
                     print(f"{path}: ", end="")

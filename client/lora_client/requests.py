@@ -77,7 +77,9 @@ def transcription_fields(
     timestamps=False,
     stream=False,
     max_tokens=None,
+    decoding: dict | None = None,
 ) -> dict:
+    """whisper_lora inputs; `decoding` adds sampling_parameters keys (e.g. suppress_tokens)."""
     data = audio_file if isinstance(audio_file, bytes) else Path(audio_file).read_bytes()
     fields = {"audio_file": data}
     for name, value in (("language", language), ("task", task), ("prompt", prompt)):
@@ -87,8 +89,9 @@ def transcription_fields(
         fields["timestamps"] = True
     if stream:
         fields["stream"] = True
-    if max_tokens:
-        fields["sampling_parameters"] = json.dumps({"max_tokens": max_tokens})
+    params = {**({"max_tokens": max_tokens} if max_tokens else {}), **(decoding or {})}
+    if params:
+        fields["sampling_parameters"] = json.dumps(params)
     return fields
 
 

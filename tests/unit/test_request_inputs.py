@@ -53,3 +53,25 @@ def test_typed_accessors_per_row():
 def test_bad_inputs_are_named(tensors, call, message):
     with pytest.raises(InvalidRequest, match=message):
         call(RawRequest(tensors))
+
+
+def test_transcription_fields_carry_whisper_decoding_options():
+    import json
+
+    from lora_client.cli import _decoding
+    from lora_client.requests import transcription_fields
+
+    fields = transcription_fields(
+        b"RIFF", max_tokens=8, decoding={"suppress_tokens": "", "suppress_blank": False}
+    )
+    assert json.loads(fields["sampling_parameters"]) == {
+        "max_tokens": 8,
+        "suppress_tokens": "",
+        "suppress_blank": False,
+    }
+    assert "sampling_parameters" not in transcription_fields(b"RIFF")
+
+    class Args:
+        suppress_tokens, no_suppress_blank = "-1,1234", True
+
+    assert _decoding(Args) == {"suppress_tokens": "-1,1234", "suppress_blank": False}
