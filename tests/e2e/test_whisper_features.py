@@ -168,6 +168,43 @@ def test_previous_text_reaches_whisper_as_it_was_trained(grpc_url, clip, demo_mo
     assert base.text != tokenizer.decode(old, skip_special_tokens=True).strip()
 
 
+def test_default_decoding_suppresses_like_transformers_for_every_adapter_kind(
+    grpc_url, demo_models, tokenizer
+):
+    """By default served tokens equal transformers' generate() with the model's generation_config
+    (suppress_tokens, begin_suppress_tokens) on the merged weights, for the base and each kind
+    of adapter, all in one batch. On a pure tone plain greedy says "(chiming)"; suppression
+    forbids "(" and the text changes, exactly as in the reference. With suppression off
+    (suppress_tokens [], suppress_blank false) the served text is plain greedy again."""
+    from lora_serving.reference.whisper import greedy_without_rules, reference_generate
+
+    t = np.arange(3 * 16000) / 16000
+    tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    base = demo_models / "whisper-base"
+    prompt = tokenizer.convert_tokens_to_ids(
+        ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
+    )
+    fields = {"audio": tone, "language": "en", "sampling_parameters": sampling(max_tokens=20)}
+    off = sampling(max_tokens=20, suppress_tokens=[], suppress_blank=False)
+    adapters = [None, "alpha", "cross_kv", "encoder_only", "all_layers"]
+    outcomes = grpc_many(
+        grpc_url,
+        MODEL,
+        [(fields, {"lora_name": name} if name else None) for name in adapters]
+        + [({**fields, "sampling_parameters": off}, None)],
+    )
+    for name, outcome in zip(adapters, outcomes, strict=False):
+        adapter_dir = demo_models / "whisper-adapters" / name if name else None
+        tokens, _ = reference_generate(base, adapter_dir, tone, prompt, 20)
+        expected = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        assert outcome.text.strip() == expected, name
+    plain_tokens, _ = greedy_without_rules(base, None, tone, prompt, 20)
+    plain = tokenizer.decode(plain_tokens, skip_special_tokens=True).strip()
+    assert plain.startswith("(")  # a non-speech symbol openai-whisper never emits
+    assert outcomes[-1].text.strip() == plain
+    assert outcomes[0].text.strip() != plain
+
+
 def test_translate_german_speech_to_english(grpc_url, speech):
     wav = speech("Guten Morgen. Ich trinke jeden Tag ein Glas Wasser.", voice="de")
     outcome = grpc_one(grpc_url, MODEL, {"audio_file": wav.read_bytes(), "task": "translate"})

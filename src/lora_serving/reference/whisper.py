@@ -62,6 +62,11 @@ def reference_generate(
         config.begin_suppress_tokens = None
     config.max_length = None  # max_new_tokens decides
     timestamps = config.no_timestamps_token_id not in decoder_prompt_ids
+    # The prompt's own language and task, so generate() does not detect a language first.
+    named = {
+        "language": _named(config.lang_to_id, decoder_prompt_ids),
+        "task": _named(config.task_to_id, decoder_prompt_ids),
+    }
     with torch.inference_mode():
         output = model.generate(
             features,
@@ -71,6 +76,7 @@ def reference_generate(
             return_timestamps=timestamps,
             return_dict_in_generate=True,
             output_scores=True,
+            **{key: value for key, value in named.items() if value is not None},
         )
     tokens = output.sequences[0, len(decoder_prompt_ids) :].tolist()
     logprobs = [
@@ -81,6 +87,13 @@ def reference_generate(
     if end_of_text in tokens:  # nothing after the first end of text counts
         tokens = tokens[: tokens.index(end_of_text) + 1]
     return tokens, logprobs[: len(tokens)]
+
+
+def _named(name_to_id: dict | None, ids: list[int]) -> str | None:
+    """The name (e.g. "<|en|>" -> "en", "transcribe") of the first id of `ids` in the table."""
+    by_id = {token: name for name, token in (name_to_id or {}).items()}
+    found = next((by_id[token] for token in ids if token in by_id), None)
+    return None if found is None else found.strip("<|>")
 
 
 def _model_and_features(base_dir: Path, adapter_dir: Path | None, audio_16k: np.ndarray):
