@@ -6,6 +6,8 @@
 #                                  oldest and newest Kubernetes versions we target
 #   docker/compose.yaml, k8s/      yamllint
 #   docker/entrypoint.sh, scripts/lint_deploy.sh, scripts/gpu_check.sh   shellcheck
+#   requirements/, pyproject.toml  the GPU lock's inputs, the `gpu` extra and the CPU lock's inputs
+#                                  each resolve (uv pip compile; needs the package index)
 # The cross-checks between these files (ports, labels, volumes, model.json paths, metric names)
 # are unit tests: tests/unit/test_deploy_*.py.
 #
@@ -67,6 +69,20 @@ done
 run "yamllint docker/compose.yaml k8s/" "$bin/yamllint" --strict -d "$YAMLLINT_CONFIG" \
   docker/compose.yaml k8s
 run "shellcheck ${SHELL_SCRIPTS[*]}" "$bin/shellcheck" "${SHELL_SCRIPTS[@]}"
+
+UV=.venv/bin/uv
+[[ -x "$UV" ]] || UV=uv
+resolve() {  # resolve PYTHON_VERSION ARGS...: does this set of requirements resolve at all?
+  local version=$1
+  shift
+  "$UV" pip compile -q --python-version "$version" --python-platform x86_64-manylinux_2_28 \
+    "$@" -o /dev/null
+}
+run "resolves: requirements/gpu.in + gpu-overrides.txt (Python 3.12, the GPU image)" \
+  resolve 3.12 requirements/gpu.in --override requirements/gpu-overrides.txt
+run "resolves: pyproject.toml --extra gpu (Python 3.12)" resolve 3.12 pyproject.toml --extra gpu
+run "resolves: requirements/cpu.in + overrides.txt (Python 3.11, CPU)" \
+  resolve 3.11 requirements/cpu.in --override requirements/overrides.txt
 
 if ((${#failures[@]})); then
   echo "lint_deploy: FAILED: ${failures[*]}" >&2
