@@ -88,6 +88,9 @@ class ServingOptions:
     # How often a running request asks Triton whether its client cancelled it (each ask is an
     # IPC round trip to the server process).
     cancel_poll_s: float = 0.25
+    # The engine died and the model cannot unload itself (model control "none"): stop the server
+    # so its supervisor restarts it (lora_serving/engine/recovery.py).
+    exit_on_engine_death: bool = True
     max_items_per_request: int = 16  # batch rows in one Triton request
     max_payload_bytes: int = 64 * 1024 * 1024  # one encoded audio file / image / audio tensor
     multi_lora_file: str = "multi_lora.json"
@@ -176,6 +179,8 @@ class EngineSettings:
         poll_s = serving.cancel_poll_s
         if isinstance(poll_s, bool) or not isinstance(poll_s, int | float) or not 0 < poll_s <= 60:
             problems.append(f"serving.cancel_poll_s must be in (0, 60] seconds, got {poll_s!r}")
+        if not isinstance(serving.exit_on_engine_death, bool):
+            problems.append("serving.exit_on_engine_death must be true or false")
         if data.get("enable_lora"):
             data.setdefault("max_loras", DEFAULT_MAX_LORAS)
             problems.extend(_lora_limit_problems(data))

