@@ -67,6 +67,7 @@ def parse_sampling_parameters(
             problems.append(f"unknown key '{key}' (allowed: {', '.join(sorted(fields))})")
             continue
         types, check, allowed = fields[key]
+        value = _from_string(value, types)
         # bool is an int in Python; a JSON true is never a valid number here.
         wrong_type = not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
         if (
@@ -74,7 +75,7 @@ def parse_sampling_parameters(
             or (isinstance(value, float) and not math.isfinite(value))
             or not check(value)
         ):
-            problems.append(f"'{key}' must be {allowed}, got {json.dumps(value)}")
+            problems.append(f"'{key}' must be {allowed}, got {json.dumps(given[key])}")
             continue
         params[key] = value
     if "max_tokens" in params and params["max_tokens"] > max_tokens_limit:
@@ -88,3 +89,23 @@ def parse_sampling_parameters(
     if lora_name is not None and not isinstance(lora_name, str):
         raise InvalidRequest("sampling_parameters: 'lora_name' must be a string")
     return params, lora_name
+
+
+def _from_string(value: Any, types: tuple[type, ...]) -> Any:
+    """A string where the key takes a number or a boolean -> that value, as Triton's vllm_backend
+    reads them (its CI and genai-perf send {"max_tokens": "16", "temperature": "0"}); unlike
+    vllm_backend, "false" is False. A string that does not parse is returned as it is (and
+    refused with the key's rule)."""
+    if not isinstance(value, str) or str in types:
+        return value
+    text = value.strip()
+    if types == (bool,):
+        return {"true": True, "1": True, "false": False, "0": False}.get(text.lower(), value)
+    try:
+        if int in types and text.lstrip("+-").isdigit():
+            return int(text)
+        if float in types:
+            return float(text)
+    except ValueError:
+        pass
+    return value

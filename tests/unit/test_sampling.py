@@ -28,7 +28,7 @@ def test_values_override_defaults_and_lora_name_is_passed_through():
         ("[1, 2]", "must be a JSON object"),
         ('{"max_tokens": 0}', "'max_tokens' must be an integer > 0, got 0"),
         ('{"max_tokens": -5}', "'max_tokens' must be an integer > 0"),
-        ('{"max_tokens": "12"}', "'max_tokens' must be an integer > 0, got \"12\""),
+        ('{"max_tokens": "twelve"}', "'max_tokens' must be an integer > 0, got \"twelve\""),
         ('{"max_tokens": 100000}', "'max_tokens' must be at most 400"),
         ('{"max_tokens": true}', "'max_tokens' must be an integer"),
         ('{"temperature": -1}', "'temperature' must be a number >= 0"),
@@ -49,3 +49,31 @@ def test_every_problem_is_reported_at_once():
         parse('{"max_tokens": 0, "top_k": -7, "nope": 1}')
     text = str(err.value)
     assert "max_tokens" in text and "top_k" in text and "'nope'" in text
+
+
+def test_string_values_are_read_as_vllm_backend_clients_send_them():
+    """genai-perf and vllm_backend's CI send every value as a string."""
+    params, lora = parse(
+        '{"max_tokens": "16", "temperature": "0", "top_p": "1", "ignore_eos": "false", '
+        '"seed": " 7 ", "lora_name": "alpha"}'
+    )
+    assert params == {
+        "temperature": 0.0,
+        "max_tokens": 16,
+        "top_p": 1.0,
+        "ignore_eos": False,
+        "seed": 7,
+    }
+    assert lora == "alpha"
+    assert parse('{"ignore_eos": "TRUE", "stop": "0"}')[0]["ignore_eos"] is True
+    assert parse('{"stop": "0"}')[0]["stop"] == "0"  # a string key keeps its string
+
+
+def test_strings_that_do_not_parse_are_refused_with_the_value_sent():
+    with pytest.raises(InvalidRequest) as err:
+        parse('{"max_tokens": "16.5", "ignore_eos": "yes", "top_p": "nan", "seed": "x"}')
+    message = str(err.value)
+    assert "'max_tokens' must be an integer > 0, got \"16.5\"" in message
+    assert "'ignore_eos' must be true or false, got \"yes\"" in message
+    assert "'top_p' must be a number in (0, 1], got \"nan\"" in message
+    assert "'seed' must be an integer >= 0, got \"x\"" in message

@@ -188,7 +188,7 @@ def wav(samples, rate=22050) -> bytes:
         ({"audio": tone(1), "language": "xx"}, "unknown language 'xx'"),
         ({"audio": tone(1), "task": "summarize"}, "unknown task 'summarize'"),
         ({"audio": tone(1), "sampling_parameters": "{max_tokens: 3"}, "not valid JSON"),
-        ({"audio": tone(1), "sampling_parameters": '{"max_tokens": "3"}'}, "'max_tokens' must"),
+        ({"audio": tone(1), "sampling_parameters": '{"max_tokens": "3.5"}'}, "'max_tokens' must"),
         ({"audio": tone(1), "sampling_parameters": '{"max_tokens": 0}'}, "an integer > 0, got 0"),
         ({"audio": tone(1), "sampling_parameters": '{"max_tokens": 500}'}, "at most 440"),
         ({"audio": tone(1), "sampling_parameters": "[1]"}, "must be a JSON object"),
