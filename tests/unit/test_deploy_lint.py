@@ -2,7 +2,8 @@
 
 scripts/lint_deploy.sh installs its pinned linters (requirements/lint.txt) on first use into a
 cache folder outside the repository, then runs hadolint, the compose-spec schema, strict
-Kubernetes schema validation, yamllint and shellcheck.
+Kubernetes schema validation, yamllint and shellcheck, and checks that the GPU lock's inputs,
+pyproject's `gpu` extra and the CPU lock's inputs each resolve (uv pip compile).
 """
 
 import subprocess
