@@ -141,7 +141,9 @@ def generate_with_prompt(demo_models, adapter, wav, previous: str, max_tokens: i
         )[0]
         .tolist()
     )
-    start = len(ids) - ids[::-1].index(tokenizer.convert_tokens_to_ids("<|startoftranscript|>"))
+    # Some transformers versions return the prompt too: keep what follows the last start token.
+    sot = tokenizer.convert_tokens_to_ids("<|startoftranscript|>")
+    start = len(ids) - ids[::-1].index(sot) if sot in ids else 0
     return tokenizer.decode(ids[start:], skip_special_tokens=True).strip()
 
 
