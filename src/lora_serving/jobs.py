@@ -41,6 +41,9 @@ class GenerationChunk:
     logprobs: list[float]
     num_prompt_tokens: int
     finish_reason: str | None = None  # set on the last chunk
+    # Per output position, token id -> log-probability, when the request asked for more than the
+    # chosen token's (`logprobs` > 0 or `logprob_token_ids`).
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:

@@ -49,6 +49,14 @@ class SchedulerLoad:
 
 
 @dataclass(frozen=True)
+class EncoderWork:
+    """Whisper encoder inputs computed / reused so far (totals since the engine started)."""
+
+    runs: int
+    reuses: int
+
+
+@dataclass(frozen=True)
 class AdapterStates:
     """How many served adapters are loaded in engine slots, cached, or only registered."""
 

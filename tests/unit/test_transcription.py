@@ -82,7 +82,8 @@ def test_prompt_follows_whisper_with_language_given(task):
     prompt, sampling = job_request(task, job)
     assert prompt["encoder_prompt"]["multi_modal_data"]["audio"][1] == 16000
     rules = sampling.pop("extra_args")[EXTRA_ARG]
-    assert sampling == {"temperature": 0.0, "max_tokens": 128}
+    # The chosen tokens' log-probabilities feed the quality checks (whisper_quality).
+    assert sampling == {"temperature": 0.0, "max_tokens": 128, "logprobs": 0}
     # By default the model's generation_config suppression, as openai-whisper and transformers.
     config = json.loads(((task_model_dir(task)) / "generation_config.json").read_text())
     assert rules["suppress"] == sorted(config["suppress_tokens"])
@@ -215,6 +216,10 @@ def window_start(job, prompt) -> float:
     return (window.ctypes.data - row.ctypes.data) / row.itemsize / 16000
 
 
+# One temperature and no no-speech probe: one engine request per window, streamed live.
+SINGLE_PASS = json.dumps({"temperature": 0, "no_speech_threshold": None})
+
+
 def fake_stream(job, outputs: dict[int, list[str]], delays: dict[int, float]):
     """An engine stand-in: window i (starting near i * 30 s) streams outputs[i] cumulatively."""
 
@@ -246,7 +251,9 @@ def run_decode(job, stream) -> list[GenerationChunk]:
     ],
 )
 def test_windows_stream_in_recording_order_and_add_up_to_the_final_text(task, delays, deltas):
-    job = task.build_plan(request(audio=tone(70), language="en")).jobs[0]  # ~29 s, 29 s, 12 s
+    job = task.build_plan(
+        request(audio=tone(70), language="en", sampling_parameters=SINGLE_PASS)
+    ).jobs[0]  # ~29 s, 29 s, 12 s
     outputs = {0: [" One", " One two."], 1: [" Three", " Three four."], 2: ["", " Five."]}
     chunks = run_decode(job, fake_stream(job, outputs, delays))
     final = chunks[-1]
@@ -273,22 +280,34 @@ def test_timestamps_seek_to_where_the_last_complete_segment_ended(task):
         starts.append(start)
         for step in range(1, len(by_start[start]) + 1):
             done = step == len(by_start[start])
-            yield GenerationChunk("", "", by_start[start][:step], [], 3, "stop" if done else None)
+            tokens = by_start[start][:step]
+            yield GenerationChunk("", "", tokens, [-0.25] * step, 3, "stop" if done else None)
 
-    job = task.build_plan(request(audio=tone(45), language="en", timestamps=True)).jobs[0]
+    job = task.build_plan(
+        request(audio=tone(45), language="en", timestamps=True, sampling_parameters=SINGLE_PASS)
+    ).jobs[0]
     chunks = run_decode(job, stream)
     assert starts == [0.0, 2.0, 32.0]  # 2.0: where the last complete segment ended
     assert [chunk.delta for chunk in chunks] == ["Hello there.", " Bye.", ""]
     rendered = task.render(job, chunks[-1], stream=False)
     assert rendered["text_output"] == "Hello there. Bye."
+    # The window's accepted attempt (the stand-in engine gives no text: ratio 0).
+    quality = {
+        "temperature": 0.0,
+        "avg_logprob": -0.25,
+        "compression_ratio": 0.0,
+        "no_speech_prob": None,
+    }
     assert json.loads(rendered["segments"]) == [
-        {"start": 0.0, "end": 2.0, "text": "Hello there."},
-        {"start": 2.2, "end": 3.2, "text": "Bye."},
+        {"start": 0.0, "end": 2.0, "text": "Hello there.", **quality},
+        {"start": 2.2, "end": 3.2, "text": "Bye.", **quality},
     ]
 
 
 def test_a_failing_window_fails_the_row_and_cancels_the_others(task):
-    job = task.build_plan(request(audio=tone(65), language="en")).jobs[0]
+    job = task.build_plan(
+        request(audio=tone(65), language="en", sampling_parameters=SINGLE_PASS)
+    ).jobs[0]
     cancelled = []
 
     async def stream(prompt, sampling):

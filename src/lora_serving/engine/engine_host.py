@@ -21,7 +21,7 @@ from typing import Any
 
 from lora_serving.adapters import Adapter
 from lora_serving.engine.job_guard import JobGuard
-from lora_serving.engine.lora_slots import SLOT_IDS_METHOD
+from lora_serving.engine.lora_slots import ENCODER_COUNTS_METHOD, EXTENSION, SLOT_IDS_METHOD
 from lora_serving.errors import EngineUnavailable, RequestCancelled, ServingError, UnknownAdapter
 from lora_serving.jobs import GenerationChunk, GenerationJob
 from lora_serving.metrics import (
@@ -29,6 +29,7 @@ from lora_serving.metrics import (
     ERROR,
     REFUSED,
     SUCCESS,
+    EncoderWork,
     JobMeter,
     MetricsSink,
     adapter_label,
@@ -63,6 +64,12 @@ class EngineHost:
         self._leases = _FixedAdapters() if leases is None else leases
         self._metrics = metrics
         self._slot_ids_available = True
+        # Whisper's encoder work (vllm_plugin.whisper_encoder_memo), read after each job.
+        self._encoder_counts_wanted = settings.engine_args.get("worker_extension_cls") in (
+            None,
+            EXTENSION,
+        )
+        self._encoder_counts_task: asyncio.Task | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="engine-loop", daemon=True
@@ -179,6 +186,27 @@ class EngineHost:
                 self._log(f"adapter slots cannot be listed ({err!r}); listing the cache only")
         return slots & cached, cached
 
+    def _refresh_encoder_counts(self) -> None:
+        """Read the engine's encoder counts in the background (one read at a time)."""
+        if not self._encoder_counts_wanted or self._engine is None:
+            return
+        if self._encoder_counts_task is not None and not self._encoder_counts_task.done():
+            return
+
+        async def read() -> None:
+            try:
+                call = self.engine.collective_rpc(ENCODER_COUNTS_METHOD)
+                counts = (await self._ask_engine("encoder counts", call, QUERY_TIMEOUT_S))[0]
+            except Exception:  # no extension, or the engine is going: stop asking
+                self._encoder_counts_wanted = False
+                return
+            if counts["encoder_runs"] < 0:  # not a Whisper engine
+                self._encoder_counts_wanted = False
+                return
+            self._metrics.record(EncoderWork(counts["encoder_runs"], counts["encoder_reuses"]))
+
+        self._encoder_counts_task = asyncio.ensure_future(read())
+
     async def _ask_engine(self, what: str, call: Coroutine, timeout_s: float):
         """An engine utility call, bounded: one sent as the engine dies is never answered."""
         try:
@@ -226,6 +254,7 @@ class EngineHost:
                 self._inflight -= 1
             if self._metrics is not None:
                 self._metrics.record(meter.finished(outcome))
+                self._refresh_encoder_counts()
 
     async def _run(
         self, job: GenerationJob, stream: bool, meter: JobMeter
@@ -290,6 +319,7 @@ class EngineHost:
         submitted = time.monotonic()
         first_token_s = None
         counts = (0, 0)  # prompt, generated tokens so far
+        wants_top = bool(params.logprobs) or bool(params.logprob_token_ids)
         try:
             async for output in engine.generate(
                 prompt, params, request_id, lora_request=lora_request
@@ -303,6 +333,7 @@ class EngineHost:
                     logprobs=_chosen_logprobs(completion),
                     num_prompt_tokens=len(output.prompt_token_ids or []),
                     finish_reason=(completion.finish_reason or "stop") if output.finished else None,
+                    top_logprobs=_top_logprobs(completion) if wants_top else [],
                 )
                 sent_chars = len(text)
                 finished = output.finished
@@ -347,6 +378,13 @@ def _chosen_logprobs(completion) -> list[float]:
     return [
         step[token].logprob
         for step, token in zip(completion.logprobs, completion.token_ids, strict=False)
+    ]
+
+
+def _top_logprobs(completion) -> list[dict[int, float]]:
+    return [
+        {token: entry.logprob for token, entry in step.items()}
+        for step in completion.logprobs or []
     ]
 
 

@@ -8,6 +8,7 @@ it; our model hosts add the argument when LoRA is on and model.json names no oth
 
 EXTENSION = "lora_serving.engine.lora_slots.LoRASlotsExtension"
 SLOT_IDS_METHOD = "lora_serving_slot_ids"
+ENCODER_COUNTS_METHOD = "lora_serving_encoder_counts"
 
 
 class LoRASlotsExtension:
@@ -17,3 +18,9 @@ class LoRASlotsExtension:
         manager = getattr(worker_manager, "_adapter_manager", None)
         slots = getattr(manager, "lora_index_to_id", None) or []
         return [int(lora_id) for lora_id in slots if lora_id is not None]
+
+    def lora_serving_encoder_counts(self) -> dict[str, int]:
+        """Whisper encoder inputs computed / reused (vllm_plugin.whisper_encoder_memo)."""
+        from lora_serving.vllm_plugin.whisper_encoder_memo import encoder_counts
+
+        return encoder_counts(self.model_runner)

@@ -15,6 +15,8 @@ in front.
 
 import functools
 import json
+import math
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,14 @@ from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
 from lora_serving.tasks import whisper_options, whisper_timestamps
 from lora_serving.tasks.base import RowReader
+from lora_serving.tasks.whisper_beam import BeamOptions, beam_search
 from lora_serving.tasks.whisper_logits import EXTRA_ARG, PROCESSOR, DecodingRules
+from lora_serving.tasks.whisper_quality import (
+    QualityRules,
+    decode_window,
+    is_digital_silence,
+    silent_window,
+)
 from lora_serving.tasks.whisper_windows import decode_seeking, decode_windows
 from lora_serving.vllm_plugin import whisper_decoder_prompt
 from lora_serving.vllm_plugin.whisper_encoder_lora import (
@@ -48,6 +57,9 @@ DECODER_LORA_MODULES = (
     "mlp.fc1",
     "mlp.fc2",
 )
+# Top log-probabilities an engine request may return (engine argument max_logprobs): a beam step
+# asks for 2 x beam_size plus every suppressed token (whisper_beam).
+MAX_LOGPROBS = 256
 
 
 class TranscriptionTask:
@@ -83,6 +95,10 @@ class TranscriptionTask:
             name: tokenizer.convert_tokens_to_ids(f"<|{name}|>")
             for name in ("startoftranscript", "startofprev", "notimestamps", *TASKS)
         }
+        # transformers' no-speech token: the one before <|notimestamps|> (<|nospeech|>, named
+        # <|nocaptions|> in the first multilingual vocabularies).
+        self.special["nospeech"] = self.special["notimestamps"] - 1
+        self.max_logprobs = int(settings.engine_args.get("max_logprobs") or MAX_LOGPROBS)
         self.timestamp_rules = {
             "timestamp_begin": tokenizer.convert_tokens_to_ids("<|0.00|>"),
             "eot": tokenizer.eos_token_id,
@@ -100,7 +116,12 @@ class TranscriptionTask:
         processors = list(settings.engine_args.get("logits_processors") or [])
         if PROCESSOR not in processors:
             processors.append(PROCESSOR)
-        overrides: dict[str, Any] = {"logits_processors": processors}
+        overrides: dict[str, Any] = {
+            "logits_processors": processors,
+            # Log-probabilities after Whisper's decoding rules (whisper_quality's average).
+            "logprobs_mode": settings.engine_args.get("logprobs_mode", "processed_logprobs"),
+            "max_logprobs": max(int(settings.engine_args.get("max_logprobs") or 0), MAX_LOGPROBS),
+        }
         if (
             not settings.lora_enabled
             or "lora_target_modules" in settings.engine_args
@@ -150,6 +171,14 @@ class TranscriptionTask:
         task = (raw.string("task", row) or "transcribe").strip().lower()
         if task not in TASKS:
             raise InvalidRequest(f"unknown task '{task}'; use one of: {', '.join(TASKS)}")
+        timestamps = raw.boolean("timestamps", row, default=False)
+        suppressed = self.suppression.resolve(options)
+        beam = BeamOptions(
+            options["beam_size"],
+            length_penalty=float(options["length_penalty"]),
+            patience=float(options["patience"]),
+        )
+        self._check_beam(beam, timestamps, suppressed)
         job = GenerationJob(
             prompt=None,
             sampling=sampling,
@@ -158,10 +187,15 @@ class TranscriptionTask:
             context={
                 "samples": samples,
                 "task": task,
-                "timestamps": raw.boolean("timestamps", row, default=False),
+                "timestamps": timestamps,
                 "previous_ids": self._previous_ids(raw.string("prompt", row) or ""),
-                "suppressed": self.suppression.resolve(options),
+                "suppressed": suppressed,
+                "quality": QualityRules.from_options(options),
+                "beam": beam,
+                "condition_on_previous_text": options["condition_on_previous_text"],
                 "segments": [],  # filled while decoding with timestamps
+                "outcomes": [],  # each window's accepted attempt (whisper_quality)
+                "nonce": uuid.uuid4().hex,  # names the row's windows for the encoder memo
             },
         )
         if language is None:
@@ -169,6 +203,22 @@ class TranscriptionTask:
         else:
             self._set_prompts(job, language)
         return job
+
+    def _check_beam(self, beam: BeamOptions, timestamps: bool, suppressed) -> None:
+        if beam.size == 1:
+            return
+        if timestamps:
+            raise InvalidRequest(
+                "beam_size > 1 does not work with timestamps=true yet; send beam_size 1 for "
+                "segments"
+            )
+        needed = beam.top_k_needed(len(set(suppressed[0]) | set(suppressed[1])))
+        if needed > self.max_logprobs:
+            raise InvalidRequest(
+                f"beam_size {beam.size} with {len(suppressed[0])} suppressed tokens needs "
+                f"{needed} log-probabilities per step; this engine gives at most "
+                f"{self.max_logprobs} (engine argument max_logprobs in model.json)"
+            )
 
     def _audio(self, raw: RawRequest, row: int) -> np.ndarray:
         has_samples, has_file = raw.has("audio"), raw.has("audio_file")
@@ -219,25 +269,17 @@ class TranscriptionTask:
         return ids[-(self.max_model_len // 2 - 1) :]
 
     def _set_prompts(self, job: GenerationJob, language: str) -> None:
-        """The decoder prompt and sampling every window of the row uses."""
+        """The decoder prompt's task part and the sampling every window of the row uses."""
         context = job.context
-        ids = []
-        if context["previous_ids"]:
-            ids = [self.special["startofprev"], *context["previous_ids"]]
-        ids += [
+        task_ids = [
             self.special["startoftranscript"],
             self.languages[language],
             self.special[context["task"]],
         ]
         if not context["timestamps"]:
-            ids.append(self.special["notimestamps"])
-        # Without our plugin vLLM adds <|startoftranscript|> in front of a prompt that lacks it.
-        prefixed = (
-            not whisper_decoder_prompt.applied() and ids[0] != self.special["startoftranscript"]
-        )
-        engine_prompt_len = len(ids) + prefixed
+            task_ids.append(self.special["notimestamps"])
         sampling = dict(job.sampling)
-        sampling["max_tokens"] = min(sampling["max_tokens"], self.max_model_len - engine_prompt_len)
+        sampling.setdefault("logprobs", 0)  # the chosen tokens' (whisper_quality's average)
         everywhere, at_begin = context["suppressed"]
         rules = DecodingRules(
             suppress=everywhere,
@@ -248,11 +290,33 @@ class TranscriptionTask:
         )
         if not rules.empty:
             sampling["extra_args"] = {EXTRA_ARG: rules.as_extra_arg()}
-        context.update(language=language, decoder_ids=ids, window_sampling=sampling)
+        context.update(language=language, task_ids=task_ids, window_sampling=sampling)
 
-    def request_for(self, job: GenerationJob, samples: np.ndarray) -> tuple[dict, dict]:
-        """The engine request (prompt, sampling) for one window of the row's audio."""
-        return _whisper_prompt(samples, job.context["decoder_ids"]), job.context["window_sampling"]
+    def _decoder_ids(self, job: GenerationJob, previous: list[int]) -> list[int]:
+        """[<|startofprev|> previous text] <|startoftranscript|> <|xx|> <|task|> [...]"""
+        ids = []
+        if previous:
+            ids = [self.special["startofprev"], *previous[-(self.max_model_len // 2 - 1) :]]
+        return ids + job.context["task_ids"]
+
+    def _window_sampling(self, job: GenerationJob, ids: list[int], temperature: float) -> dict:
+        # Without our plugin vLLM adds <|startoftranscript|> in front of a prompt that lacks it.
+        prefixed = (
+            not whisper_decoder_prompt.applied() and ids[0] != self.special["startoftranscript"]
+        )
+        sampling = dict(job.context["window_sampling"], temperature=temperature)
+        sampling["max_tokens"] = min(
+            sampling["max_tokens"], self.max_model_len - len(ids) - prefixed
+        )
+        return sampling
+
+    def request_for(
+        self, job: GenerationJob, samples: np.ndarray, previous: list[int] | None = None
+    ) -> tuple[dict, dict]:
+        """The engine request (prompt, sampling) of a window's first decoding attempt."""
+        ids = self._decoder_ids(job, job.context["previous_ids"] if previous is None else previous)
+        temperature = job.context["quality"].temperatures[0]
+        return _whisper_prompt(samples, ids), self._window_sampling(job, ids, temperature)
 
     async def _detect_language(self, job: GenerationJob, generate) -> None:
         """Whisper's own detection on the first 30 s: the likeliest language token."""
@@ -271,19 +335,77 @@ class TranscriptionTask:
     def _decode(self, job: GenerationJob, stream: Stream):
         context = job.context
         separator = "" if context["language"] in self.no_space_languages else " "
-        request_for = functools.partial(self.request_for, job)
+        windows = iter(range(1_000_000))
+
+        def window_decoder(samples: np.ndarray, previous: list[int] | None = None):
+            if is_digital_silence(samples):
+                return silent_window(context["outcomes"])
+            ids = self._decoder_ids(job, context["previous_ids"] if previous is None else previous)
+            name = f"{context['nonce']}-{next(windows)}"  # shared by the window's requests
+            quality = context["quality"]
+            probe = None
+            if quality.no_speech_threshold is not None:
+                probe = functools.partial(self._no_speech_prob, stream, samples, ids, name)
+            attempt = functools.partial(self._attempt, job, stream, samples, ids, name)
+            return decode_window(attempt, probe, quality, outcomes=context["outcomes"])
+
         if not context["timestamps"]:
-            windows = audio.split_windows(context["samples"])
-            return decode_windows(windows, stream, request_for=request_for, separator=separator)
+            windows_audio = audio.split_windows(context["samples"])
+            return decode_windows(windows_audio, decode_window=window_decoder, separator=separator)
         return decode_seeking(
             context["samples"],
-            stream,
-            request_for=request_for,
+            decode_window=window_decoder,
             read=functools.partial(whisper_timestamps.read_window, **self.timestamp_rules),
             decode=self.tokenizer.decode,
             separator=separator,
             segments=context["segments"],
+            outcomes=context["outcomes"],
+            condition_on_previous_text=context["condition_on_previous_text"],
+            initial_prompt=context["previous_ids"],
         )
+
+    async def _attempt(self, job, stream: Stream, samples, ids: list[int], name: str, temperature):
+        """One decoding of a window at one temperature: the engine's chunks, or a beam search's
+        result as one finished chunk."""
+        sampling = self._window_sampling(job, ids, temperature)
+        beam: BeamOptions = job.context["beam"]
+        if temperature > 0 or beam.size == 1:
+            async for chunk in stream(_whisper_prompt(samples, ids, name), sampling):
+                yield chunk
+            return
+        everywhere, at_begin = job.context["suppressed"]
+        top_k = beam.top_k_needed(len(set(everywhere) | set(at_begin)))
+
+        async def score_next(tokens: list[int]) -> dict[int, float]:
+            step = {"temperature": 0.0, "max_tokens": 1, "logprobs": top_k}
+            last = None
+            async for chunk in stream(_whisper_prompt(samples, ids + tokens, name), step):
+                last = chunk
+            return last.top_logprobs[0]
+
+        result = await beam_search(
+            score_next,
+            options=beam,
+            max_tokens=sampling["max_tokens"],
+            end_of_text=self.timestamp_rules["eot"],
+            suppress=frozenset(everywhere),
+            suppress_at_begin=frozenset(at_begin),
+        )
+        text = self.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        yield GenerationChunk(
+            text, text, result.tokens, result.logprobs, len(ids), result.finish_reason
+        )
+
+    async def _no_speech_prob(self, stream: Stream, samples, ids: list[int], name: str) -> float:
+        """P(<|nospeech|>) right after <|startoftranscript|> (after the previous text, if any),
+        from the raw logits, as openai-whisper and transformers measure it."""
+        nospeech = self.special["nospeech"]
+        upto = ids.index(self.special["startoftranscript"]) + 1
+        probe = {"temperature": 0.0, "max_tokens": 1, "logprob_token_ids": [nospeech]}
+        last = None
+        async for chunk in stream(_whisper_prompt(samples, ids[:upto], name), probe):
+            last = chunk
+        return math.exp(last.top_logprobs[0][nospeech])
 
     # ---- chunks -> outputs -------------------------------------------------------------------
     def render(self, job: GenerationJob, chunk: GenerationChunk, *, stream: bool) -> dict[str, Any]:
@@ -296,12 +418,19 @@ class TranscriptionTask:
         }
 
 
-def _whisper_prompt(samples: np.ndarray, decoder_ids: list[int]) -> dict[str, Any]:
+def _whisper_prompt(
+    samples: np.ndarray, decoder_ids: list[int], name: str | None = None
+) -> dict[str, Any]:
+    """`name` identifies the window's audio to vLLM (multi_modal_uuids): requests of one window
+    share it, so the encoder memo (vllm_plugin/whisper_encoder_memo) encodes it once."""
+    encoder_prompt: dict[str, Any] = {
+        "prompt": "",
+        "multi_modal_data": {"audio": (samples, audio.WHISPER_SAMPLE_RATE)},
+    }
+    if name is not None:
+        encoder_prompt["multi_modal_uuids"] = {"audio": [name]}
     return {
-        "encoder_prompt": {
-            "prompt": "",
-            "multi_modal_data": {"audio": (samples, audio.WHISPER_SAMPLE_RATE)},
-        },
+        "encoder_prompt": encoder_prompt,
         "decoder_prompt": {"prompt_token_ids": list(decoder_ids)},
     }
 

@@ -9,6 +9,16 @@ defaults (`serving.task.decoding` in model.json) and what they resolve to for th
   (generation_config `begin_suppress_tokens`); default true.
 
 Defaults follow openai-whisper's and transformers' (both on).
+
+openai-whisper's `transcribe()` quality loop (whisper_quality):
+- `temperature`: one number, or a list tried in order while a window's result fails a check
+  (default 0.0, 0.2, ..., 1.0);
+- `compression_ratio_threshold` (2.4), `logprob_threshold` (-1.0), `no_speech_threshold` (0.6);
+  null turns a check off;
+- `condition_on_previous_text` (true): with timestamps, each window's decoder prompt carries the
+  text before it.
+
+Beam search (whisper_beam): `beam_size` (1: greedy), `patience` (1.0), `length_penalty` (1.0).
 """
 
 import json
@@ -18,9 +28,23 @@ from typing import Any
 
 from lora_serving.errors import ConfigError
 from lora_serving.sampling import Field
+from lora_serving.tasks.whisper_beam import MAX_BEAM_SIZE
 
 MODEL_SET = -1  # openai-whisper's marker for the model's own non-speech set
-DEFAULTS = {"suppress_tokens": [MODEL_SET], "suppress_blank": True}
+DEFAULT_TEMPERATURES = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+DEFAULTS = {
+    "suppress_tokens": [MODEL_SET],
+    "suppress_blank": True,
+    "temperature": DEFAULT_TEMPERATURES,
+    "compression_ratio_threshold": 2.4,
+    "logprob_threshold": -1.0,
+    "no_speech_threshold": 0.6,
+    "condition_on_previous_text": True,
+    "beam_size": 1,
+    "patience": 1.0,
+    "length_penalty": 1.0,
+}
+MAX_TEMPERATURES = 16
 
 
 @dataclass(frozen=True)
@@ -72,7 +96,43 @@ def task_fields(vocab_size: int) -> dict[str, Field]:
             'or [] for none (openai-whisper\'s "-1,..." string form too)',
         ),
         "suppress_blank": ((bool,), lambda v: True, "true or false"),
+        "temperature": (
+            (int, float, list),
+            _valid_temperatures,
+            f"a number in [0, 100] or a list of 1 to {MAX_TEMPERATURES} of them (tried in order)",
+        ),
+        "compression_ratio_threshold": _optional_number(lambda v: v > 0, "a number > 0"),
+        "logprob_threshold": _optional_number(lambda v: v <= 0, "a number <= 0"),
+        "no_speech_threshold": _optional_number(lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+        "condition_on_previous_text": ((bool,), lambda v: True, "true or false"),
+        "beam_size": (
+            (int,),
+            lambda v: 1 <= v <= MAX_BEAM_SIZE,
+            f"an integer in [1, {MAX_BEAM_SIZE}] (1: greedy)",
+        ),
+        "patience": ((int, float), lambda v: 1 <= v <= 10, "a number in [1, 10]"),
+        "length_penalty": ((int, float), lambda v: 0 <= v <= 10, "a number in [0, 10]"),
     }
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _valid_temperatures(value) -> bool:
+    values = value if isinstance(value, list) else [value]
+    return 0 < len(values) <= MAX_TEMPERATURES and all(
+        _is_number(v) and 0 <= v <= 100 for v in values
+    )
+
+
+def _optional_number(check, allowed: str) -> Field:
+    return ((int, float, type(None)), lambda v: v is None or check(v), f"{allowed}, or null (off)")
+
+
+def temperatures(value) -> tuple[float, ...]:
+    """A checked `temperature` value -> the schedule (one number: no fallback)."""
+    return tuple(float(v) for v in (value if isinstance(value, list) else [value]))
 
 
 def decoding_defaults(task_options: dict[str, Any], vocab_size: int, source: str) -> dict:

@@ -16,16 +16,16 @@ finished and holds the whole transcript.
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import numpy as np
 
 from lora_serving.audio import WHISPER_SAMPLE_RATE, WINDOW_SECONDS, AudioWindow
-from lora_serving.jobs import GenerationChunk, Stream
+from lora_serving.jobs import GenerationChunk
 from lora_serving.tasks.whisper_timestamps import WindowReading
 
-# Window samples -> the engine request for them: (prompt, sampling kwargs).
-Request = Callable[[np.ndarray], tuple[dict[str, Any], dict[str, Any]]]
+# A window's samples -> the chunks of its decoding (whisper_quality.decode_window), the last one
+# finished; with timestamps, also the text tokens said before it (condition_on_previous_text).
+WindowDecoder = Callable[..., AsyncIterator[GenerationChunk]]
 # A tail shorter than this is not worth a window of its own (one 20 ms timestamp step is less).
 MIN_WINDOW_SAMPLES = WHISPER_SAMPLE_RATE // 10
 
@@ -70,7 +70,7 @@ class Stitcher:
 
 
 async def decode_windows(
-    windows: list[AudioWindow], stream: Stream, *, request_for: Request, separator: str
+    windows: list[AudioWindow], *, decode_window: WindowDecoder, separator: str
 ) -> AsyncIterator[GenerationChunk]:
     """Run every window's engine request at once; yield the row's chunks in recording order.
 
@@ -81,7 +81,7 @@ async def decode_windows(
 
     async def pump(index: int, window: AudioWindow) -> None:
         try:
-            async for chunk in stream(*request_for(window.samples)):
+            async for chunk in decode_window(window.samples):
                 arrivals.put_nowait((index, chunk))
         except Exception as err:  # handed to the consumer, which raises it for the row
             arrivals.put_nowait((index, err))
@@ -103,28 +103,38 @@ async def decode_windows(
 
 async def decode_seeking(
     samples: np.ndarray,
-    stream: Stream,
     *,
-    request_for: Request,
+    decode_window: WindowDecoder,
     read: Callable[[list[int]], WindowReading],
     decode: Callable[[list[int]], str],
     separator: str,
     segments: list[dict],
+    outcomes: list,
+    condition_on_previous_text: bool,
+    initial_prompt: list[int],
 ) -> AsyncIterator[GenerationChunk]:
     """Decode window after window from where the last one's speech ended; fill `segments`.
 
-    `segments` receives {start, end, text} in seconds of the whole recording.
+    `segments` receives {start, end, text} in seconds of the whole recording, plus the fields
+    of the window's accepted attempt (`outcomes`, filled by `decode_window`: temperature,
+    avg_logprob, compression_ratio, no_speech_prob). A silent window adds nothing and is
+    skipped whole. Each window is told `initial_prompt` and the text tokens said before it
+    (`decode_window(samples, previous)`), back to the last reset: openai-whisper resets after
+    every window without `condition_on_previous_text`, and after a window decoded above
+    temperature 0.5.
     """
+    said: list[int] = list(initial_prompt)  # tokens since the last reset
     texts: list[str] = []
     finals: list[GenerationChunk] = []
     window_samples = int(WINDOW_SECONDS * WHISPER_SAMPLE_RATE)
     seek = 0
 
-    def add(found, offset_s: float, duration_s: float) -> str:
+    def add(found, offset_s: float, duration_s: float, quality: dict) -> str:
         """Record segments (window time); return the text they add to the transcript."""
         before = separator.join(texts)
         for start, end, tokens in found:
             text = decode(tokens).strip()
+            said.extend(tokens)
             if text:
                 texts.append(text)
                 segments.append(
@@ -132,6 +142,7 @@ async def decode_seeking(
                         "start": round(offset_s + min(start, duration_s), 2),
                         "end": round(offset_s + min(end, duration_s), 2),
                         "text": text,
+                        **quality,
                     }
                 )
         return separator.join(texts)[len(before) :]
@@ -140,20 +151,29 @@ async def decode_seeking(
         window = samples[seek : seek + window_samples]
         offset_s, duration_s = seek / WHISPER_SAMPLE_RATE, len(window) / WHISPER_SAMPLE_RATE
         shown, last = 0, None
-        async for chunk in stream(*request_for(window)):
+        async for chunk in decode_window(window, list(said)):
             last = chunk
             closed = read(chunk.token_ids).closed
-            if not chunk.finished and len(closed) > shown:
-                delta = add(closed[shown:], offset_s, duration_s)
+            if not chunk.finished and len(closed) > shown:  # only when no retry can follow
+                delta = add(closed[shown:], offset_s, duration_s, {})
                 shown = len(closed)
                 if delta:
                     yield GenerationChunk(separator.join(texts), delta, [], [], 0)
         finals.append(last)
+        outcome = outcomes[-1]
+        if outcome.silent:
+            seek += len(window)
+            continue
         found, consumed_s = read(last.token_ids).final(
             duration_s, cut_short=last.finish_reason == "length"
         )
-        if delta := add(found[shown:], offset_s, duration_s):
+        first_new = len(segments)
+        if delta := add(found[shown:], offset_s, duration_s, outcome.fields()):
             yield GenerationChunk(separator.join(texts), delta, [], [], 0)
+        for segment in segments[first_new - shown : first_new]:  # streamed before the outcome
+            segment.update(outcome.fields())
+        if not condition_on_previous_text or outcome.temperature > 0.5:
+            said.clear()
         seek += max(1, round(consumed_s * WHISPER_SAMPLE_RATE))
     text = separator.join(texts)
     yield _joined(finals, text, "")

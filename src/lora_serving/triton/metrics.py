@@ -9,6 +9,9 @@ adapter ("(base)": no adapter; "(unknown)": refused before its adapter was known
   lora_request_latency_seconds           histogram: job start -> job end
   lora_requests_running / _waiting       gauges: engine requests per adapter (vLLM's scheduler)
   lora_adapters{state}                   gauge: served adapters loaded / cached / registered
+  lora_encoder_runs_total                Whisper: audio windows the encoder computed
+  lora_encoder_reuses_total              Whisper: engine requests that reused a window's encoder
+                                         output (probe, retries, beam steps)
 
 `record` only queues an event: every metric update is a round trip to the Triton process, so one
 thread applies them and the engine loop never waits (as vllm_backend's metrics thread).
@@ -23,6 +26,7 @@ import triton_python_backend_utils as pb_utils
 from lora_serving.metrics import (
     REFUSED,
     AdapterStates,
+    EncoderWork,
     JobFinished,
     RequestRefused,
     SchedulerLoad,
@@ -43,6 +47,8 @@ _FAMILIES = {
     "running": ("lora_requests_running", "GAUGE", "Engine requests running"),
     "waiting": ("lora_requests_waiting", "GAUGE", "Engine requests waiting to be scheduled"),
     "adapters": ("lora_adapters", "GAUGE", "Served adapters by state"),
+    "encoder_runs": ("lora_encoder_runs_total", "COUNTER", "Audio windows encoded"),
+    "encoder_reuses": ("lora_encoder_reuses_total", "COUNTER", "Encoder outputs reused"),
 }
 _BUCKETS = {"ttft": TTFT_BUCKETS, "latency": LATENCY_BUCKETS}
 _STOP = object()
@@ -66,6 +72,7 @@ class TritonMetrics:
         }
         self._series: dict[tuple, object] = {}
         self._gauges: dict[str, dict[str, int]] = {"running": {}, "waiting": {}}  # last values
+        self._totals: dict[str, int] = {}  # last totals read from the engine
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
         self._thread.start()
@@ -126,6 +133,16 @@ class TritonMetrics:
         elif isinstance(event, AdapterStates):
             for state, count in event.counts.items():
                 self._metric("adapters", state=state).set(count)
+        elif isinstance(event, EncoderWork):
+            self._count_up("encoder_runs", event.runs)
+            self._count_up("encoder_reuses", event.reuses)
+
+    def _count_up(self, family: str, total: int) -> None:
+        """A counter follows a total read from the engine (it only grows)."""
+        last = self._totals.get(family, 0)
+        if total > last:
+            self._metric(family).increment(total - last)
+            self._totals[family] = total
 
     def _set_gauges(self, family: str, counts) -> None:
         """Update the adapters whose count changed (back to 0 for those no longer counted)."""

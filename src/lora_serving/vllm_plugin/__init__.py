@@ -5,6 +5,8 @@
   encoder and cross-attention kv_proj.
 - whisper_decoder_prompt (every platform): Whisper's decoder prompt is not prefixed with an extra
   <|startoftranscript|>, so previous text reaches it in the form it was trained on.
+- whisper_encoder_memo (every platform, V1 runner): Whisper's encoder runs once per audio window
+  across the requests that decode it (probe, retries, beam steps).
 - die_with_parent (not a defect): an EngineCore or worker dies with the process that started it,
   so a crashed Triton stub leaves no engine behind.
 
@@ -83,6 +85,14 @@ def register() -> None:
         applied.append(
             "whisper_decoder_prompt (Whisper's decoder prompt is used as given: <|startofprev|> "
             "first, no extra <|startoftranscript|>)"
+        )
+
+    from . import whisper_encoder_memo
+
+    if whisper_encoder_memo.apply():
+        applied.append(
+            "whisper_encoder_memo (Whisper's encoder output is reused by the requests of one "
+            "audio window)"
         )
 
     from . import die_with_parent

@@ -1,0 +1,124 @@
+"""Our step-by-step beam search equals transformers' `generate(num_beams=N)` token for token.
+
+A small random GPT-2 stands in for the engine: each step's scorer gives log_softmax of its raw
+logits for the beam's prefix, as the engine's top-k log-probabilities would. transformers runs
+its own beam search on the same model with the same suppression lists.
+The random model rarely ends a sentence, so both searches see end of text made likelier with
+every token (the same bonus on its log-probability, as a transformers logits processor adds it).
+"""
+
+import asyncio
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from lora_serving.tasks.whisper_beam import BeamOptions, beam_search
+
+VOCAB, EOS = 48, 7
+PROMPT = [3, 11, 5]
+EOS_BONUS_PER_TOKEN = 0.3
+
+
+def eos_bonus(logprobs: torch.Tensor, generated: int) -> torch.Tensor:
+    logprobs = logprobs.clone()
+    logprobs[..., EOS] += EOS_BONUS_PER_TOKEN * generated
+    return logprobs
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=EOS,
+        eos_token_id=EOS,
+    )
+    return GPT2LMHeadModel(config).eval()
+
+
+def reference(model, *, beams, max_tokens, suppress, at_begin, length_penalty=1.0):
+    from transformers import LogitsProcessorList
+
+    def bonus(input_ids, scores):
+        return eos_bonus(scores, input_ids.shape[-1] - len(PROMPT))
+
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([PROMPT]),
+            num_beams=beams,
+            do_sample=False,
+            max_new_tokens=max_tokens,
+            length_penalty=length_penalty,
+            suppress_tokens=list(suppress) or None,
+            begin_suppress_tokens=list(at_begin) or None,
+            pad_token_id=EOS,
+            eos_token_id=EOS,
+            logits_processor=LogitsProcessorList([bonus]),
+        )
+    tokens = out[0, len(PROMPT) :].tolist()
+    return tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens
+
+
+def ours(model, *, beams, max_tokens, suppress, at_begin, length_penalty=1.0, patience=1.0):
+    calls = []
+
+    async def score_next(tokens):
+        calls.append(len(tokens))
+        with torch.inference_mode():
+            logits = model(torch.tensor([PROMPT + tokens])).logits[0, -1].float()
+        logprobs = eos_bonus(torch.log_softmax(logits, dim=-1), len(tokens))
+        top = torch.topk(logprobs, BeamOptions(beams).top_k_needed(len(suppress | at_begin)))
+        return dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+
+    result = asyncio.run(
+        beam_search(
+            score_next,
+            options=BeamOptions(beams, length_penalty=length_penalty, patience=patience),
+            max_tokens=max_tokens,
+            end_of_text=EOS,
+            suppress=frozenset(suppress),
+            suppress_at_begin=frozenset(at_begin),
+        )
+    )
+    return result, calls
+
+
+@pytest.mark.parametrize("beams", [2, 3, 5])
+@pytest.mark.parametrize("max_tokens", [4, 12, 30])
+def test_beam_search_equals_transformers(model, beams, max_tokens):
+    suppress, at_begin = {0, 1, 2, 9}, {EOS, 4}
+    expected = reference(
+        model, beams=beams, max_tokens=max_tokens, suppress=suppress, at_begin=at_begin
+    )
+    result, calls = ours(
+        model, beams=beams, max_tokens=max_tokens, suppress=suppress, at_begin=at_begin
+    )
+    assert result.tokens == expected
+    assert result.finish_reason == ("stop" if expected[-1] == EOS else "length")
+    assert not set(result.tokens) & suppress and result.tokens[0] not in at_begin
+    assert calls[0] == 0 and len(calls) <= 1 + beams * (max_tokens - 1)
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 2.0])
+def test_length_penalty_is_transformers_exponent(model, length_penalty):
+    kwargs = dict(beams=4, max_tokens=20, suppress=set(), at_begin={EOS})
+    expected = reference(model, length_penalty=length_penalty, **kwargs)
+    result, _ = ours(model, length_penalty=length_penalty, **kwargs)
+    assert result.tokens == expected
+
+
+def test_a_search_cut_at_max_tokens_says_length(model):
+    result, _ = ours(model, beams=3, max_tokens=2, suppress={EOS}, at_begin=set())
+    assert len(result.tokens) == 2 and result.finish_reason == "length"
+
+
+def test_patience_keeps_searching_for_more_hypotheses(model):
+    kwargs = dict(beams=2, max_tokens=30, suppress=set(), at_begin={EOS})
+    _, plain_calls = ours(model, **kwargs)
+    _, patient_calls = ours(model, patience=3.0, **kwargs)
+    assert len(patient_calls) > len(plain_calls)
