@@ -26,7 +26,7 @@ from lora_serving.errors import InvalidRequest
 from lora_serving.jobs import GenerationChunk, GenerationJob, RequestPlan, Stream
 from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
-from lora_serving.tasks import whisper_options, whisper_timestamps
+from lora_serving.tasks import whisper_options, whisper_timestamps, whisper_vad
 from lora_serving.tasks.base import RowReader
 from lora_serving.tasks.whisper_logits import EXTRA_ARG, PROCESSOR, DecodingRules
 from lora_serving.tasks.whisper_windows import decode_seeking, decode_windows
@@ -77,6 +77,7 @@ class TranscriptionTask:
             settings.serving.task.get("max_audio_seconds", DEFAULT_MAX_AUDIO_SECONDS)
         )
         self.max_payload_bytes = settings.serving.max_payload_bytes
+        self.speech_detector = whisper_vad.SpeechDetector()  # vad_filter: one per model instance
         self.languages = _language_tokens(tokenizer)
         self.no_space_languages = _no_space_languages()
         self.special = {
@@ -168,6 +169,8 @@ class TranscriptionTask:
             job.prepare = self._detect_language
         else:
             self._set_prompts(job, language)
+        if options["vad_filter"]:
+            whisper_vad.filter_job(job, self.speech_detector, options["vad_parameters"])
         return job
 
     def _audio(self, raw: RawRequest, row: int) -> np.ndarray:
@@ -273,7 +276,7 @@ class TranscriptionTask:
         separator = "" if context["language"] in self.no_space_languages else " "
         request_for = functools.partial(self.request_for, job)
         if not context["timestamps"]:
-            windows = audio.split_windows(context["samples"])
+            windows = context.get("speech_windows") or audio.split_windows(context["samples"])
             return decode_windows(windows, stream, request_for=request_for, separator=separator)
         return decode_seeking(
             context["samples"],
