@@ -2,7 +2,7 @@
 
 lora-client transcribe speech.wav [--adapter alpha] [--language de] [--task translate] [--stream]
                       [--timestamps] [--prompt "previous text"]
-                      [--suppress-tokens "-1,1234"] [--no-suppress-blank]
+                      [--suppress-tokens "-1,1234"] [--no-suppress-blank] [--vad-filter]
 lora-client describe photo.png --prompt "What is shown?" [--adapter alpha] [--stream]
 lora-client describe --video f0.png f1.png f2.png --video-fps 2 --prompt "What happens?"
 lora-client list-adapters [--model qwen_vl_lora] [--json]
@@ -105,6 +105,8 @@ def _decoding(args) -> dict:
         decoding["suppress_tokens"] = args.suppress_tokens
     if args.no_suppress_blank:
         decoding["suppress_blank"] = False
+    if args.vad_filter:
+        decoding["vad_filter"] = True
     return decoding
 
 
@@ -126,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         "--no-suppress-blank",
         action="store_true",
         help="let the first token be a blank or end of text",
+    )
+    transcribe.add_argument(
+        "--vad-filter",
+        action="store_true",
+        help="drop non-speech first (Silero VAD, as faster-whisper); times stay the file's",
     )
     _common(transcribe)
     describe = commands.add_parser(

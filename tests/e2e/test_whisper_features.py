@@ -242,3 +242,73 @@ def test_resampled_long_samples_and_file_agree(grpc_url, speech):
         ],
     )
     assert as_samples.text == as_file.text and as_samples.text.count("lazy dog") == 6
+
+
+SILENCE_S = 20.0
+FIRST, SECOND = TWO_SENTENCES.split(". ")
+
+
+def voiced_span(samples: np.ndarray) -> tuple[float, float]:
+    """Where espeak-ng's voice is in its clip (it adds a little silence around it), seconds."""
+    loud = np.flatnonzero(np.abs(samples) > 0.02)
+    return loud[0] / 16000, (loud[-1] + 1) / 16000
+
+
+def likeness(heard: str, said: str) -> float:
+    """How alike two texts are, word by word (1.0: the same words in the same order)."""
+    import difflib
+    import re
+
+    def words(text: str) -> list[str]:
+        return re.findall(r"[a-z']+", text.lower())
+
+    return difflib.SequenceMatcher(None, words(heard), words(said)).ratio()
+
+
+def test_vad_filter_drops_silence_and_keeps_times_of_the_original_audio(grpc_url, speech):
+    """Speech, 20 s of silence, speech: with vad_filter, Whisper hears the speech only, and the
+    segments (base model and adapter alpha) still say where the words are in the audio sent."""
+    first, second = load_16k(speech(FIRST + ".")), load_16k(speech(SECOND))
+    samples = np.concatenate([first, np.zeros(int(SILENCE_S * 16000), np.float32), second])
+    shift = len(first) / 16000 + SILENCE_S
+    (a0, a1), (b0, b1) = voiced_span(first), voiced_span(second)
+    voices = {FIRST: (a0, a1), SECOND: (b0 + shift, b1 + shift)}
+    vad = sampling(vad_filter=True)
+    fields = {"audio": samples, "language": "en", "sampling_parameters": vad}
+    runs = [(None, True), ("alpha", True), (None, False)]
+    # The second sentence (~2.1 s of voice) is shorter than min_speech_duration_ms: dropped.
+    short_dropped = sampling(vad_filter=True, vad_parameters={"min_speech_duration_ms": 2500})
+    bad = sampling(vad_filter=True, vad_parameters={"threshold": 2})
+    *outcomes, first_only, refused = grpc_many(
+        grpc_url,
+        MODEL,
+        [
+            *[
+                ({**fields, "timestamps": ts}, {"lora_name": name} if name else None)
+                for name, ts in runs
+            ],
+            ({**fields, "sampling_parameters": short_dropped}, None),
+            ({**fields, "sampling_parameters": bad}, None),
+        ],
+    )
+    assert likeness(first_only.text, FIRST) > 0.8 and "listened" not in first_only.text
+    assert "'vad_parameters' must be" in refused.error and '{"threshold": 2}' in refused.error
+    for (name, with_timestamps), outcome in zip(runs, outcomes, strict=True):
+        # Nothing invented in (or for) the silence: the words said, give or take a misheard one.
+        text = outcome.text
+        assert likeness(text, TWO_SENTENCES) > 0.8, (name, text)
+        assert len(text.split()) <= len(TWO_SENTENCES.split()), (name, text)
+        if not with_timestamps:
+            continue
+        segments = json.loads(outcome.outputs["segments"][0])
+        by_sentence = {sentence: [] for sentence in voices}
+        for segment in segments:  # the sentence it transcribes: its times must be that voice's
+            sentence = max(voices, key=lambda said: likeness(segment["text"], said))
+            by_sentence[sentence].append(segment)
+        for sentence, (start, end) in voices.items():
+            found = by_sentence[sentence]
+            assert found, (name, sentence, segments)
+            assert abs(found[0]["start"] - start) < 0.5, (name, sentence, start, segments)
+            assert abs(found[-1]["end"] - end) < 0.5, (name, sentence, end, segments)
+            for segment in found:
+                assert start - 0.5 < segment["start"] <= segment["end"] < end + 0.5, segments

@@ -72,6 +72,10 @@ def test_transcription_fields_carry_whisper_decoding_options():
     assert "sampling_parameters" not in transcription_fields(b"RIFF")
 
     class Args:
-        suppress_tokens, no_suppress_blank = "-1,1234", True
+        suppress_tokens, no_suppress_blank, vad_filter = "-1,1234", True, True
 
-    assert _decoding(Args) == {"suppress_tokens": "-1,1234", "suppress_blank": False}
+    assert _decoding(Args) == {
+        "suppress_tokens": "-1,1234",
+        "suppress_blank": False,
+        "vad_filter": True,
+    }

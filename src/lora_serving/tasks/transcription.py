@@ -28,7 +28,7 @@ from lora_serving.errors import InvalidRequest
 from lora_serving.jobs import GenerationChunk, GenerationJob, RequestPlan, Stream
 from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
-from lora_serving.tasks import whisper_options, whisper_timestamps
+from lora_serving.tasks import whisper_options, whisper_timestamps, whisper_vad
 from lora_serving.tasks.base import RowReader
 from lora_serving.tasks.whisper_beam import BeamOptions, beam_search
 from lora_serving.tasks.whisper_logits import EXTRA_ARG, PROCESSOR, DecodingRules
@@ -89,6 +89,7 @@ class TranscriptionTask:
             settings.serving.task.get("max_audio_seconds", DEFAULT_MAX_AUDIO_SECONDS)
         )
         self.max_payload_bytes = settings.serving.max_payload_bytes
+        self.speech_detector = whisper_vad.SpeechDetector()  # vad_filter: one per model instance
         self.languages = _language_tokens(tokenizer)
         self.no_space_languages = _no_space_languages()
         self.special = {
@@ -202,6 +203,8 @@ class TranscriptionTask:
             job.prepare = self._detect_language
         else:
             self._set_prompts(job, language)
+        if options["vad_filter"]:
+            whisper_vad.filter_job(job, self.speech_detector, options["vad_parameters"])
         return job
 
     def _check_beam(self, beam: BeamOptions, timestamps: bool, suppressed) -> None:
@@ -350,8 +353,8 @@ class TranscriptionTask:
             return decode_window(attempt, probe, quality, outcomes=context["outcomes"])
 
         if not context["timestamps"]:
-            windows_audio = audio.split_windows(context["samples"])
-            return decode_windows(windows_audio, decode_window=window_decoder, separator=separator)
+            speech = context.get("speech_windows") or audio.split_windows(context["samples"])
+            return decode_windows(speech, decode_window=window_decoder, separator=separator)
         return decode_seeking(
             context["samples"],
             decode_window=window_decoder,

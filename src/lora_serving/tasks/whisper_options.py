@@ -28,6 +28,7 @@ from typing import Any
 
 from lora_serving.errors import ConfigError
 from lora_serving.sampling import Field
+from lora_serving.tasks import whisper_vad
 from lora_serving.tasks.whisper_beam import MAX_BEAM_SIZE
 
 MODEL_SET = -1  # openai-whisper's marker for the model's own non-speech set
@@ -45,6 +46,8 @@ DEFAULTS = {
     "length_penalty": 1.0,
 }
 MAX_TEMPERATURES = 16
+
+DEFAULTS |= whisper_vad.DEFAULTS  # vad_filter, vad_parameters: voice activity detection
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ def task_fields(vocab_size: int) -> dict[str, Field]:
         plain = all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
         return plain and all(i == MODEL_SET or 0 <= i < vocab_size for i in ids)
 
-    return {
+    return whisper_vad.task_fields() | {
         "suppress_tokens": (
             (list, str),
             valid_ids,
