@@ -108,12 +108,18 @@ def test_rows_of_one_request_take_their_own_adapter(grpc_url, clip, demo_models,
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_streamed_text_adds_up_to_the_final_text(grpc_url, http_url, clip, protocol):
+    """One temperature streams token by token; the default schedule (which may retry a window)
+    releases a window's text once it is accepted."""
     call, url = (grpc_one, grpc_url) if protocol == "grpc" else (http_one, http_url)
     fields = {"audio_file": clip.read_bytes(), "language": "en"}
     whole = call(url, MODEL, fields)
-    streamed = call(url, MODEL, {**fields, "stream": True})
+    streamed = call(
+        url, MODEL, {**fields, "stream": True, "sampling_parameters": '{"temperature": 0}'}
+    )
     assert len(streamed.partials) >= 5
     assert "".join(streamed.partials) == streamed.text == whole.text
+    by_window = call(url, MODEL, {**fields, "stream": True})
+    assert by_window.partials == [] and by_window.text == whole.text
 
 
 def generate_with_prompt(demo_models, adapter, wav, previous: str, max_tokens: int) -> str:

@@ -46,13 +46,15 @@ def reference_generate(
     *,
     suppress_tokens: list[int] | None = None,
     suppress_blank: bool = True,
+    num_beams: int = 1,
 ) -> tuple[list[int], list[float]]:
     """transformers' `generate()` after decoder_prompt_ids: (tokens, log-probability of each
     after the logits processors). Stops after <|endoftext|> (included, as vLLM includes it) or
     after max_tokens tokens.
 
     suppress_tokens None: the generation_config's list; [] none. Timestamp rules apply when the
-    prompt lacks <|notimestamps|> (generate's return_timestamps).
+    prompt lacks <|notimestamps|> (generate's return_timestamps). num_beams > 1: transformers'
+    beam search (its default length penalty 1.0 and early stopping); no log-probabilities then.
     """
     model, features = _model_and_features(base_dir, adapter_dir, audio_16k)
     config = copy.deepcopy(model.generation_config)
@@ -76,9 +78,13 @@ def reference_generate(
             return_timestamps=timestamps,
             return_dict_in_generate=True,
             output_scores=True,
+            num_beams=num_beams,
             **{key: value for key, value in named.items() if value is not None},
         )
     tokens = output.sequences[0, len(decoder_prompt_ids) :].tolist()
+    if num_beams > 1:
+        end_of_text = model.config.eos_token_id
+        return (tokens[: tokens.index(end_of_text) + 1] if end_of_text in tokens else tokens), []
     logprobs = [
         float(torch.log_softmax(step[0].float(), dim=-1)[token])
         for step, token in zip(output.scores, tokens, strict=False)
