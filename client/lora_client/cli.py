@@ -3,6 +3,7 @@
 lora-client transcribe speech.wav [--adapter alpha] [--language de] [--task translate] [--stream]
                       [--timestamps] [--prompt "previous text"]
                       [--suppress-tokens "-1,1234"] [--no-suppress-blank] [--vad-filter]
+                      [--beam-size 5] [--temperature 0 [0.2 ...]] [--no-condition-on-previous-text]
 lora-client describe photo.png --prompt "What is shown?" [--adapter alpha] [--stream]
 lora-client describe --video f0.png f1.png f2.png --video-fps 2 --prompt "What happens?"
 lora-client list-adapters [--model qwen_vl_lora] [--json]
@@ -107,6 +108,13 @@ def _decoding(args) -> dict:
         decoding["suppress_blank"] = False
     if args.vad_filter:
         decoding["vad_filter"] = True
+    if args.beam_size is not None:
+        decoding["beam_size"] = args.beam_size
+    if args.temperature is not None:
+        values = args.temperature
+        decoding["temperature"] = values[0] if len(values) == 1 else values
+    if args.no_condition_on_previous_text:
+        decoding["condition_on_previous_text"] = False
     return decoding
 
 
@@ -133,6 +141,21 @@ def main(argv: list[str] | None = None) -> int:
         "--vad-filter",
         action="store_true",
         help="drop non-speech first (Silero VAD, as faster-whisper); times stay the file's",
+    )
+    transcribe.add_argument(
+        "--beam-size", type=int, help="beam search width (default 1: greedy; faster-whisper's: 5)"
+    )
+    transcribe.add_argument(
+        "--temperature",
+        type=float,
+        nargs="+",
+        help="one temperature (no fallback), or the schedule tried while a window fails its "
+        "checks (default 0 0.2 0.4 0.6 0.8 1)",
+    )
+    transcribe.add_argument(
+        "--no-condition-on-previous-text",
+        action="store_true",
+        help="with --timestamps, do not give each window the text before it",
     )
     _common(transcribe)
     describe = commands.add_parser(
