@@ -116,6 +116,7 @@ def test_previous_text_keeps_its_last_half_context_and_max_tokens_fits_the_rest(
     from lora_serving.vllm_plugin import whisper_decoder_prompt
 
     monkeypatch.setattr(whisper_decoder_prompt, "applied", lambda: prompt_kept)
+    monkeypatch.setattr(task, "_decoder_prompt_kept", None)  # asked again
     prompt = " ".join(["word"] * 400)
     sampling = json.dumps({"max_tokens": 400})
     job = task.build_plan(

@@ -1,4 +1,5 @@
-"""A vLLM worker extension that tells which adapter ids sit in the engine's LoRA slots.
+"""A vLLM worker extension that tells which adapter ids sit in the engine's LoRA slots (and, for
+Whisper, how often the encoder ran: vllm_plugin.whisper_encoder_memo).
 
 vLLM's `list_loras` gives every adapter in the engine's cache (max_cpu_loras); the listing also
 wants the ones in the max_loras slots a batch can use right now. vLLM injects this class into

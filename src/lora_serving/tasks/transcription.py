@@ -100,6 +100,7 @@ class TranscriptionTask:
         # <|nocaptions|> in the first multilingual vocabularies).
         self.special["nospeech"] = self.special["notimestamps"] - 1
         self.max_logprobs = int(settings.engine_args.get("max_logprobs") or MAX_LOGPROBS)
+        self._decoder_prompt_kept: bool | None = None
         self.timestamp_rules = {
             "timestamp_begin": tokenizer.convert_tokens_to_ids("<|0.00|>"),
             "eot": tokenizer.eos_token_id,
@@ -304,14 +305,19 @@ class TranscriptionTask:
 
     def _window_sampling(self, job: GenerationJob, ids: list[int], temperature: float) -> dict:
         # Without our plugin vLLM adds <|startoftranscript|> in front of a prompt that lacks it.
-        prefixed = (
-            not whisper_decoder_prompt.applied() and ids[0] != self.special["startoftranscript"]
-        )
+        prefixed = not self._prompt_kept() and ids[0] != self.special["startoftranscript"]
         sampling = dict(job.context["window_sampling"], temperature=temperature)
         sampling["max_tokens"] = min(
             sampling["max_tokens"], self.max_model_len - len(ids) - prefixed
         )
         return sampling
+
+    def _prompt_kept(self) -> bool:
+        """Whether our plugin keeps decoder prompts as given (asked once: it does not change
+        once the engine runs)."""
+        if self._decoder_prompt_kept is None:
+            self._decoder_prompt_kept = whisper_decoder_prompt.applied()
+        return self._decoder_prompt_kept
 
     def request_for(
         self, job: GenerationJob, samples: np.ndarray, previous: list[int] | None = None
