@@ -276,13 +276,10 @@ class EngineHost:
         first_token: bool = True,
     ) -> AsyncIterator[GenerationChunk]:
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind
 
         engine = self.engine
-        params = SamplingParams(
-            **sampling,
-            output_kind=RequestOutputKind.CUMULATIVE if stream else RequestOutputKind.FINAL_ONLY,
-        )
         request_id = f"req-{next(self._request_ids)}"
         lora_request = adapter.to_lora_request() if adapter is not None else None
         sent_chars = 0
@@ -291,6 +288,12 @@ class EngineHost:
         first_token_s = None
         counts = (0, 0)  # prompt, generated tokens so far
         try:
+            params = SamplingParams(
+                **_with_structured_outputs(sampling),
+                output_kind=RequestOutputKind.CUMULATIVE
+                if stream
+                else RequestOutputKind.FINAL_ONLY,
+            )
             async for output in engine.generate(
                 prompt, params, request_id, lora_request=lora_request
             ):
@@ -303,6 +306,8 @@ class EngineHost:
                     logprobs=_chosen_logprobs(completion),
                     num_prompt_tokens=len(output.prompt_token_ids or []),
                     finish_reason=(completion.finish_reason or "stop") if output.finished else None,
+                    cumulative_logprob=completion.cumulative_logprob,
+                    top_logprobs=completion.logprobs,
                 )
                 sent_chars = len(text)
                 finished = output.finished
@@ -314,7 +319,7 @@ class EngineHost:
             raise
         except asyncio.CancelledError:
             raise
-        except ValueError as err:  # vLLM's input validation (prompt too long, ...)
+        except (ValueError, VLLMClientError) as err:  # vLLM's input checks (prompt too long, ...)
             raise _invalid(err) from None
         except Exception as err:
             if self._engine is not None and self._engine.errored:
@@ -339,6 +344,16 @@ def _first_token_latency(output, submitted: float) -> float:
     request's first output is its last), else the time this output reached us."""
     latency = getattr(getattr(output, "metrics", None), "first_token_latency", 0.0)
     return latency if latency and latency > 0 else time.monotonic() - submitted
+
+
+def _with_structured_outputs(sampling: dict[str, Any]) -> dict[str, Any]:
+    """sampling.py checks `structured_outputs` as a plain dict; vLLM takes its own type."""
+    constraint = sampling.get("structured_outputs")
+    if not isinstance(constraint, dict):
+        return sampling
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return {**sampling, "structured_outputs": StructuredOutputsParams(**constraint)}
 
 
 def _chosen_logprobs(completion) -> list[float]:
