@@ -6,7 +6,8 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: setup serve test test-unit lint lint-deploy lock lock-gpu lock-lint image clean-models \
+.PHONY: setup serve test test-unit lint lint-deploy lock lock-gpu lock-lint lock-genai-perf image \
+	clean-models \
 	gpu-venv gpu-check
 
 # Idempotent: a finished step takes a second or two, so the other targets always run it.
@@ -60,6 +61,11 @@ lock-gpu: setup
 lock-lint: setup
 	@$(VENV)/bin/uv pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 		requirements/lint.in -o requirements/lint.txt
+
+# genai-perf's own environment (scripts/genai_perf.sh; tests/e2e/test_genai_perf.py).
+lock-genai-perf: setup
+	@$(VENV)/bin/uv pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+		requirements/genai-perf.in -o requirements/genai-perf.txt
 
 clean-models:
 	rm -rf demo_models

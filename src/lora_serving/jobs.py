@@ -1,6 +1,6 @@
 """What crosses from request decoding to the engine and back: jobs in, chunks out."""
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,9 +41,10 @@ class GenerationChunk:
     logprobs: list[float]
     num_prompt_tokens: int
     finish_reason: str | None = None  # set on the last chunk
-    # Per output position, token id -> log-probability, when the request asked for more than the
-    # chosen token's (`logprobs` > 0 or `logprob_token_ids`).
-    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    # When the request asked for logprobs: their sum, and per generated token vLLM's
+    # {token id: Logprob(logprob, rank, decoded_token)} of the top tokens (plus the chosen one).
+    cumulative_logprob: float | None = None
+    top_logprobs: Sequence[Mapping[int, Any]] | None = None
 
     @property
     def finished(self) -> bool:

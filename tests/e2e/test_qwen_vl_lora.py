@@ -110,6 +110,7 @@ def multi_image(grpc_url):
         "image": list(IMAGES),
         "exclude_input_in_output": True,
         "sampling_parameters": sampling(max_tokens=MAX_TOKENS),
+        "return_num_input_tokens": True,
     }
     return send_mixed(grpc_url, fields)
 
@@ -144,6 +145,7 @@ def test_video_frames_mixed_adapters_match_reference(grpc_url, qwen2):
         "video_fps": _fps(2.0),
         "exclude_input_in_output": True,
         "sampling_parameters": sampling(max_tokens=MAX_TOKENS),
+        "return_num_input_tokens": True,
     }
     outcomes = send_mixed(grpc_url, fields)
     prompt = chat_prompt(base, "What happens?", video=True)
@@ -201,6 +203,7 @@ def good(qwen2):
         "image": [IMAGES[0]],
         "exclude_input_in_output": True,
         "sampling_parameters": sampling(max_tokens=MAX_TOKENS),
+        "return_num_input_tokens": True,
     }
     prompt = chat_prompt(base, "Describe this image.", images=1)
     return fields, reference_text(base, adapters, "beta", prompt, [IMAGES[0]])

@@ -43,8 +43,20 @@ QWEN_IO = {
         "exclude_input_in_output",
         "lora_name",
         "adapter_command",
+        "return_finish_reason",
+        "return_cumulative_logprob",
+        "return_logprobs",
+        "return_num_input_tokens",
+        "return_num_output_tokens",
     },
-    "outputs": {"text_output", "finish_reason", "num_input_tokens", "num_output_tokens"},
+    "outputs": {
+        "text_output",
+        "finish_reason",
+        "cumulative_logprob",
+        "logprobs",
+        "num_input_tokens",
+        "num_output_tokens",
+    },
 }
 
 
@@ -190,6 +202,10 @@ def qwen_inputs(**extra) -> dict:
         "image": [png()],
         "exclude_input_in_output": True,
         "sampling_parameters": sampling(max_tokens=16),
+        # vllm_backend's additional outputs, sent only when asked for
+        "return_finish_reason": True,
+        "return_num_input_tokens": True,
+        "return_num_output_tokens": True,
         **extra,
     }
 

@@ -125,7 +125,52 @@ def test_vllm_backend_request_shape(tokenizer, catalog):
     job = only_job(task, raw)
     assert job.adapter.name == "beta" and job.sampling["max_tokens"] == 5
     assert job.prompt["multi_modal_data"]["image"][0].size == (40, 30)
-    assert job.context == {"prompt_text": job.prompt["prompt"], "exclude_input": False}
+    assert job.context == {
+        "prompt_text": job.prompt["prompt"],
+        "exclude_input": False,
+        "outputs": frozenset(),
+        "logprobs_asked": False,
+    }
+
+
+def test_vllm_backend_ci_shape_string_values_and_parameters(tokenizer, catalog):
+    """Its CI: {"temperature": "0", "top_p": "1"} in the input and as request parameters, plus
+    return_* inputs; request parameters alone carry the settings when the input is absent."""
+    task = make_task(tokenizer, catalog)
+    given = {"temperature": "0", "top_p": "1"}
+    job = only_job(
+        task,
+        request(
+            given,
+            text_input="In this example,",
+            sampling_parameters=json.dumps({**given, "logprobs": 2}),
+            return_finish_reason=True,
+            return_logprobs=True,
+            return_num_output_tokens=False,
+        ),
+    )
+    assert job.sampling == {"temperature": 0, "top_p": 1, "logprobs": 2, "max_tokens": 128}
+    assert job.context["outputs"] == {"finish_reason", "logprobs"}
+    assert job.context["logprobs_asked"] is True
+    job = only_job(task, request({**given, "lora_name": "alpha", "max_tokens": 3}, text_input="x"))
+    assert job.adapter.name == "alpha"
+    assert job.sampling == {"temperature": 0, "top_p": 1, "max_tokens": 3}
+
+
+def test_cumulative_logprob_turns_vllm_logprobs_on(tokenizer, catalog):
+    task = make_task(tokenizer, catalog)
+    job = only_job(task, request(text_input="x", return_cumulative_logprob=True))
+    assert job.sampling["logprobs"] == 0 and job.context["logprobs_asked"] is False
+
+
+def test_structured_outputs_reach_the_job(tokenizer, catalog):
+    task = make_task(tokenizer, catalog)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    raw = request(
+        text_input="x",
+        sampling_parameters=json.dumps({"structured_outputs": json.dumps({"json": schema})}),
+    )
+    assert only_job(task, raw).sampling["structured_outputs"] == {"json": schema}
 
 
 def test_raw_prompt_with_placeholders_is_sent_as_is(tokenizer, catalog):
@@ -172,6 +217,17 @@ def test_raw_prompt_with_placeholders_is_sent_as_is(tokenizer, catalog):
         ),
         ({"text_input": "x", "sampling_parameters": "{not json"}, None, "not valid JSON"),
         ({"text_input": "x"}, {"lora_name": "gamma"}, "unknown adapter 'gamma'"),
+        (
+            {"text_input": "x", "stream": True, "exclude_input_in_output": False},
+            None,
+            "exclude_input_in_output=false cannot be streamed",
+        ),
+        ({"text_input": "x"}, {"n": 2, "best_of": 3}, "'n' must be 1.*'best_of' is not supported"),
+        (
+            {"text_input": "x", "sampling_parameters": '{"structured_outputs": {"regex": 1}}'},
+            None,
+            "'structured_outputs' must be an object",
+        ),
     ],
 )
 def test_bad_requests_are_named(tokenizer, catalog, fields, parameters, message):

@@ -1,8 +1,9 @@
 """qwen_vl_lora: images + prompt -> text with the LoRA adapter each request names.
 
 The adapter applies to the language model, the vision tower and the merger. Inputs/outputs are
-Triton vllm_backend's (`text_input`, `image`, `sampling_parameters`, `stream`, ... ->
-`text_output`, `finish_reason`, `num_input_tokens`, `num_output_tokens`).
+Triton vllm_backend's (`text_input`, `image`, `sampling_parameters`, `stream`, `return_*`, ... ->
+`text_output` and the additional outputs asked for: `finish_reason`, `cumulative_logprob`,
+`logprobs`, `num_input_tokens`, `num_output_tokens`).
 """
 
 import triton_python_backend_utils as pb_utils  # noqa: F401 - loaded by Triton's stub

@@ -305,13 +305,10 @@ class EngineHost:
         first_token: bool = True,
     ) -> AsyncIterator[GenerationChunk]:
         from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind
 
         engine = self.engine
-        params = SamplingParams(
-            **sampling,
-            output_kind=RequestOutputKind.CUMULATIVE if stream else RequestOutputKind.FINAL_ONLY,
-        )
         request_id = f"req-{next(self._request_ids)}"
         lora_request = adapter.to_lora_request() if adapter is not None else None
         sent_chars = 0
@@ -319,8 +316,13 @@ class EngineHost:
         submitted = time.monotonic()
         first_token_s = None
         counts = (0, 0)  # prompt, generated tokens so far
-        wants_top = bool(params.logprobs) or bool(params.logprob_token_ids)
         try:
+            params = SamplingParams(
+                **_with_structured_outputs(sampling),
+                output_kind=RequestOutputKind.CUMULATIVE
+                if stream
+                else RequestOutputKind.FINAL_ONLY,
+            )
             async for output in engine.generate(
                 prompt, params, request_id, lora_request=lora_request
             ):
@@ -333,7 +335,8 @@ class EngineHost:
                     logprobs=_chosen_logprobs(completion),
                     num_prompt_tokens=len(output.prompt_token_ids or []),
                     finish_reason=(completion.finish_reason or "stop") if output.finished else None,
-                    top_logprobs=_top_logprobs(completion) if wants_top else [],
+                    cumulative_logprob=completion.cumulative_logprob,
+                    top_logprobs=completion.logprobs,
                 )
                 sent_chars = len(text)
                 finished = output.finished
@@ -345,7 +348,7 @@ class EngineHost:
             raise
         except asyncio.CancelledError:
             raise
-        except ValueError as err:  # vLLM's input validation (prompt too long, ...)
+        except (ValueError, VLLMClientError) as err:  # vLLM's input checks (prompt too long, ...)
             raise _invalid(err) from None
         except Exception as err:
             if self._engine is not None and self._engine.errored:
@@ -372,19 +375,22 @@ def _first_token_latency(output, submitted: float) -> float:
     return latency if latency and latency > 0 else time.monotonic() - submitted
 
 
+def _with_structured_outputs(sampling: dict[str, Any]) -> dict[str, Any]:
+    """sampling.py checks `structured_outputs` as a plain dict; vLLM takes its own type."""
+    constraint = sampling.get("structured_outputs")
+    if not isinstance(constraint, dict):
+        return sampling
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return {**sampling, "structured_outputs": StructuredOutputsParams(**constraint)}
+
+
 def _chosen_logprobs(completion) -> list[float]:
     if not completion.logprobs:
         return []
     return [
         step[token].logprob
         for step, token in zip(completion.logprobs, completion.token_ids, strict=False)
-    ]
-
-
-def _top_logprobs(completion) -> list[dict[int, float]]:
-    return [
-        {token: entry.logprob for token, entry in step.items()}
-        for step in completion.logprobs or []
     ]
 
 

@@ -1,5 +1,6 @@
 """What the two tasks share: adapter choice, sampling parameters, batch rows."""
 
+import json
 from typing import Any, Protocol
 
 from lora_serving.adapters import Adapter, AdapterCatalog, pick_adapter_name
@@ -33,12 +34,16 @@ class RowReader:
         max_tokens_limit: int,
         sampling_defaults: dict[str, Any],
         task_fields: dict[str, Field] | None = None,
+        sampling_from_parameters: bool = False,
     ):
         self.settings = settings
         self.catalog = catalog
         self.max_tokens_limit = max_tokens_limit
         self.sampling_defaults = sampling_defaults
         self.task_fields = task_fields
+        # vllm_backend reads the sampling settings from the request parameters when the
+        # sampling_parameters input is absent (BLS callers cannot send that input).
+        self.sampling_from_parameters = sampling_from_parameters
 
     def plan(self, raw: RawRequest, make_job) -> RequestPlan:
         """One job per batch row, made by the task's `make_job(raw, row)`."""
@@ -55,7 +60,7 @@ class RowReader:
 
     def sampling_and_adapter(self, raw: RawRequest, row: int) -> tuple[dict, Adapter | None]:
         sampling, json_adapter = parse_sampling_parameters(
-            raw.string("sampling_parameters", row),
+            self._sampling_text(raw, row),
             defaults=self.sampling_defaults,
             max_tokens_limit=self.max_tokens_limit,
             task_fields=self.task_fields,
@@ -69,6 +74,17 @@ class RowReader:
             ("sampling_parameters.lora_name", json_adapter),
         )
         return sampling, self.catalog.resolve(name)
+
+    def _sampling_text(self, raw: RawRequest, row: int) -> str | None:
+        text = raw.string("sampling_parameters", row)
+        if text is not None or not self.sampling_from_parameters:
+            return text
+        settings = {
+            key: value
+            for key, value in raw.parameters.items()
+            if key != "lora_name" and not key.startswith("triton_")
+        }
+        return json.dumps(settings) if settings else None
 
     def stream_flag(self, raw: RawRequest, rows: range) -> bool:
         stream = raw.boolean("stream", 0, default=False)

@@ -390,7 +390,7 @@ class TranscriptionTask:
             last = None
             async for chunk in stream(_whisper_prompt(samples, ids + tokens, name), step):
                 last = chunk
-            return last.top_logprobs[0]
+            return {token: entry.logprob for token, entry in last.top_logprobs[0].items()}
 
         result = await beam_search(
             score_next,
@@ -414,7 +414,7 @@ class TranscriptionTask:
         last = None
         async for chunk in stream(_whisper_prompt(samples, ids[:upto], name), probe):
             last = chunk
-        return math.exp(last.top_logprobs[0][nospeech])
+        return math.exp(last.top_logprobs[0][nospeech].logprob)
 
     # ---- chunks -> outputs -------------------------------------------------------------------
     def render(self, job: GenerationJob, chunk: GenerationChunk, *, stream: bool) -> dict[str, Any]:

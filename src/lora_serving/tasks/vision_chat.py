@@ -1,7 +1,8 @@
 """Qwen-VL chat: prompt + images and/or one video -> chat-templated prompt + media job.
 
-Inputs and outputs are Triton vllm_backend's (`text_input`, `image`, `sampling_parameters`,
-`exclude_input_in_output`, ...), plus `video` (encoded frames in order) and `video_fps`. Media are
+Inputs and outputs are Triton vllm_backend's (`text_input`, `image`, `sampling_parameters` with
+every generation field of sampling.py incl. `structured_outputs`, `exclude_input_in_output`, the
+`return_*` additional outputs), plus `video` (encoded frames in order) and `video_fps`. Media are
 decoded and checked here, so a bad one fails its own request with a message naming it; the
 model's own processor (inside vLLM) resizes them within the configured pixel limits.
 """
@@ -17,7 +18,9 @@ from lora_serving.adapters import AdapterCatalog
 from lora_serving.errors import ConfigError, InvalidRequest
 from lora_serving.jobs import GenerationChunk, GenerationJob, RequestPlan
 from lora_serving.request_inputs import RawRequest
+from lora_serving.sampling import GENERATION_FIELDS
 from lora_serving.settings import EngineSettings
+from lora_serving.tasks import additional_outputs
 from lora_serving.tasks.base import RowReader
 
 IMAGE_PLACEHOLDER = "<|image_pad|>"
@@ -64,7 +67,7 @@ def item_limit(settings: EngineSettings, modality: str) -> int:
 
 
 class VisionChatTask:
-    output_names = ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens")
+    output_names = ("text_output", *additional_outputs.NAMES)
 
     def __init__(self, settings: EngineSettings, catalog: AdapterCatalog, tokenizer):
         self.tokenizer = tokenizer
@@ -77,6 +80,8 @@ class VisionChatTask:
                 "temperature": 0.0,
                 "max_tokens": settings.serving.default_max_tokens,
             },
+            task_fields=GENERATION_FIELDS,
+            sampling_from_parameters=True,
         )
         self.options = VisionOptions.from_settings(settings)
         self.max_images = item_limit(settings, "image")
@@ -113,13 +118,20 @@ class VisionChatTask:
 
     # ---- request -> jobs ---------------------------------------------------------------------
     def build_plan(self, raw: RawRequest) -> RequestPlan:
-        return self.reader.plan(raw, self._job)
+        wanted = additional_outputs.requested(raw, self.reader.rows(raw))
+        return self.reader.plan(raw, lambda raw, row: self._job(raw, row, wanted))
 
-    def _job(self, raw: RawRequest, row: int) -> GenerationJob:
+    def _job(self, raw: RawRequest, row: int, wanted: frozenset[str]) -> GenerationJob:
         text = raw.string("text_input", row, default="") or ""
         images = self._images(raw, row)
         video = self._video(raw, row)
         sampling, adapter = self.reader.sampling_and_adapter(raw, row)
+        exclude_input = raw.boolean("exclude_input_in_output", row, default=False)
+        if raw.has("exclude_input_in_output") and not exclude_input and self._streaming(raw):
+            raise InvalidRequest(
+                "exclude_input_in_output=false cannot be streamed: streamed responses carry "
+                "only the new text (vllm_backend refuses it too)"
+            )
         if not text.strip() and not images and video is None:
             raise InvalidRequest("empty request: give text_input, an image or a video")
         if raw.boolean("apply_chat_template", row, default=True):
@@ -140,13 +152,19 @@ class VisionChatTask:
             prompt["multi_modal_data"] = media
         return GenerationJob(
             prompt=prompt,
-            sampling=sampling,
+            sampling=additional_outputs.with_logprobs_for(wanted, sampling),
             adapter=adapter,
             context={
                 "prompt_text": prompt_text,
-                "exclude_input": raw.boolean("exclude_input_in_output", row, default=False),
+                "exclude_input": exclude_input,
+                "outputs": wanted,
+                "logprobs_asked": sampling.get("logprobs") is not None,
             },
         )
+
+    @staticmethod
+    def _streaming(raw: RawRequest) -> bool:
+        return raw.has("stream") and raw.boolean("stream", 0, default=False)
 
     def _encoded_items(self, raw: RawRequest, name: str, row: int) -> list[bytes]:
         items = raw.raw_bytes(name, row) if raw.has(name) else []
@@ -226,9 +244,13 @@ class VisionChatTask:
             text = job.context["prompt_text"] + chunk.text
         return {
             "text_output": text,
-            "finish_reason": chunk.finish_reason or "",
-            "num_input_tokens": chunk.num_prompt_tokens,
-            "num_output_tokens": chunk.num_output_tokens,
+            **additional_outputs.render(
+                job.context["outputs"],
+                chunk,
+                stream=stream,
+                state=job.context,
+                logprobs_asked=job.context["logprobs_asked"],
+            ),
         }
 
 

@@ -25,9 +25,12 @@ def read_request(request, input_names: tuple[str, ...]) -> RawRequest:
 def to_response(
     rows: list[dict], output_dtypes: dict[str, np.dtype]
 ) -> "pb_utils.InferenceResponse":
-    """One response holding every batch row: each output gets shape [rows, 1]."""
+    """One response holding every batch row: each output gets shape [rows, 1]. An output the
+    rows do not carry (an additional output nobody asked for) is left out."""
     tensors = []
     for name, dtype in output_dtypes.items():
+        if name not in rows[0]:
+            continue
         values = [row[name] for row in rows]
         if dtype == np.object_:
             array = np.array([[str(v).encode("utf-8")] for v in values], dtype=np.object_)
