@@ -27,8 +27,22 @@ WHISPER_IO = {
         "sampling_parameters",
         "lora_name",
         "adapter_command",
+        "return_finish_reason",
+        "return_cumulative_logprob",
+        "return_logprobs",
+        "return_num_input_tokens",
+        "return_num_output_tokens",
     },
-    "outputs": {"text_output", "language", "segments"},
+    "outputs": {
+        "text_output",
+        "language",
+        "segments",
+        "finish_reason",
+        "cumulative_logprob",
+        "logprobs",
+        "num_input_tokens",
+        "num_output_tokens",
+    },
 }
 QWEN_IO = {
     "inputs": {

@@ -152,3 +152,17 @@ def test_a_looping_window_is_retried_at_higher_temperatures(grpc_url, speech):
         assert set(segment) >= {"avg_logprob", "compression_ratio", "no_speech_prob"}
         assert 0.0 <= segment["no_speech_prob"] <= 1.0
     assert segments(seed=7) == (text, retried)
+
+
+def test_vllm_backend_additional_outputs(grpc_url, speech):
+    """vllm_backend's return_* inputs work on whisper_lora too (over all of a row's windows)."""
+    asked = ("finish_reason", "cumulative_logprob", "num_input_tokens", "num_output_tokens")
+    fields = {"audio_file": speech(SENTENCE).read_bytes(), "language": "en"}
+    outcome = grpc_one(grpc_url, MODEL, {**fields, **{f"return_{name}": True for name in asked}})
+    outputs = outcome.outputs
+    assert outputs["finish_reason"] == ["stop"] and outputs["num_input_tokens"][0] >= 4
+    assert outputs["num_output_tokens"][0] > 5 and -50 < outputs["cumulative_logprob"][0] < 0
+    assert (
+        "logprobs" not in outputs
+        and "finish_reason" not in grpc_one(grpc_url, MODEL, fields).outputs
+    )

@@ -13,6 +13,7 @@ openai-whisper and transformers' `generate(prompt_ids=...)` send it: our vLLM pl
 in front.
 """
 
+import dataclasses
 import functools
 import json
 import math
@@ -28,7 +29,7 @@ from lora_serving.errors import InvalidRequest
 from lora_serving.jobs import GenerationChunk, GenerationJob, RequestPlan, Stream
 from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
-from lora_serving.tasks import whisper_options, whisper_timestamps, whisper_vad
+from lora_serving.tasks import additional_outputs, whisper_options, whisper_timestamps, whisper_vad
 from lora_serving.tasks.base import RowReader
 from lora_serving.tasks.whisper_beam import BeamOptions, beam_search
 from lora_serving.tasks.whisper_logits import EXTRA_ARG, PROCESSOR, DecodingRules
@@ -63,7 +64,7 @@ MAX_LOGPROBS = 256
 
 
 class TranscriptionTask:
-    output_names = ("text_output", "language", "segments")
+    output_names = ("text_output", "language", "segments", *additional_outputs.NAMES)
 
     def __init__(self, settings: EngineSettings, catalog: AdapterCatalog, tokenizer):
         self.tokenizer = tokenizer
@@ -198,6 +199,7 @@ class TranscriptionTask:
                 "segments": [],  # filled while decoding with timestamps
                 "outcomes": [],  # each window's accepted attempt (whisper_quality)
                 "nonce": uuid.uuid4().hex,  # names the row's windows for the encoder memo
+                "outputs": additional_outputs.requested(raw, range(raw.batch_size)),
             },
         )
         if language is None:
@@ -420,10 +422,21 @@ class TranscriptionTask:
     def render(self, job: GenerationJob, chunk: GenerationChunk, *, stream: bool) -> dict[str, Any]:
         text = chunk.delta if stream and not chunk.finished else chunk.text
         segments = job.context["segments"] if chunk.finished else []
+        if chunk.cumulative_logprob is None and chunk.logprobs:  # every window's tokens
+            chunk = dataclasses.replace(chunk, cumulative_logprob=sum(chunk.logprobs))
         return {
             "text_output": text,
             "language": job.context.get("language", ""),
             "segments": json.dumps(segments, ensure_ascii=False),
+            # vllm_backend's, over all windows; per-token `logprobs` stay "null" (a row's
+            # windows and retries are not one token sequence).
+            **additional_outputs.render(
+                job.context["outputs"],
+                chunk,
+                stream=stream,
+                state=job.context,
+                logprobs_asked=False,
+            ),
         }
 
 
