@@ -183,7 +183,10 @@ def test_default_decoding_suppresses_like_transformers_for_every_adapter_kind(
     (suppress_tokens, begin_suppress_tokens) on the merged weights, for the base and each kind
     of adapter, all in one batch. On a pure tone plain greedy says "(chiming)"; suppression
     forbids "(" and the text changes, exactly as in the reference. With suppression off
-    (suppress_tokens [], suppress_blank false) the served text is plain greedy again."""
+    (suppress_tokens [], suppress_blank false) the served text is plain greedy again.
+    transformers' generate() applies no quality loop by default, and by openai-whisper's rules
+    this tone is no speech at all (test_whisper_decoding): one temperature and no no-speech
+    check here, the reference's own decoding."""
     from lora_serving.reference.whisper import greedy_without_rules, reference_generate
 
     t = np.arange(3 * 16000) / 16000
@@ -192,8 +195,9 @@ def test_default_decoding_suppresses_like_transformers_for_every_adapter_kind(
     prompt = tokenizer.convert_tokens_to_ids(
         ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
     )
-    fields = {"audio": tone, "language": "en", "sampling_parameters": sampling(max_tokens=20)}
-    off = sampling(max_tokens=20, suppress_tokens=[], suppress_blank=False)
+    as_reference = {"max_tokens": 20, "temperature": 0, "no_speech_threshold": None}
+    fields = {"audio": tone, "language": "en", "sampling_parameters": sampling(**as_reference)}
+    off = sampling(**as_reference, suppress_tokens=[], suppress_blank=False)
     adapters = [None, "alpha", "cross_kv", "encoder_only", "all_layers"]
     outcomes = grpc_many(
         grpc_url,
