@@ -185,18 +185,11 @@ def parse_sampling_parameters(
         if key not in fields:
             problems.append(_not_accepted(key, fields))
             continue
-        types, check, allowed, *convert = fields[key]
-        value = _from_string(value, types)
-        # bool is an int in Python; a JSON true is never a valid number here.
-        wrong_type = not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
-        if (
-            wrong_type
-            or (isinstance(value, float) and not math.isfinite(value))
-            or not check(value)
-        ):
+        value, allowed = check_field(fields[key], value)
+        if allowed is not None:
             problems.append(f"'{key}' must be {allowed}, got {json.dumps(given[key])}")
             continue
-        params[key] = convert[0](value) if convert else value
+        params[key] = value
     if "max_tokens" in params and params["max_tokens"] > max_tokens_limit:
         problems.append(
             f"'max_tokens' must be at most {max_tokens_limit} for this model, "
@@ -208,6 +201,18 @@ def parse_sampling_parameters(
     if lora_name is not None and not isinstance(lora_name, str):
         raise InvalidRequest("sampling_parameters: 'lora_name' must be a string")
     return params, lora_name
+
+
+def check_field(field: Field, value: Any) -> tuple[Any, str | None]:
+    """(the value as the engine takes it, None) or (value, what the key allows) when it is not.
+    Used for request JSON and for model.json defaults alike."""
+    types, check, allowed, *convert = field
+    value = _from_string(value, types)
+    # bool is an int in Python; a JSON true is never a valid number here.
+    wrong_type = not isinstance(value, types) or (isinstance(value, bool) and bool not in types)
+    if wrong_type or (isinstance(value, float) and not math.isfinite(value)) or not check(value):
+        return value, allowed
+    return (convert[0](value) if convert else value), None
 
 
 def _not_accepted(key: str, fields: dict[str, Field]) -> str:

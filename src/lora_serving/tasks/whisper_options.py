@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lora_serving.errors import ConfigError
-from lora_serving.sampling import Field
+from lora_serving.sampling import Field, check_field
 from lora_serving.tasks import whisper_vad
 from lora_serving.tasks.whisper_beam import MAX_BEAM_SIZE
 
@@ -142,12 +142,14 @@ def decoding_defaults(task_options: dict[str, Any], vocab_size: int, source: str
     """DEFAULTS overridden by model.json's `serving.task.decoding`, each value checked."""
     given = task_options.get("decoding") or {}
     fields = task_fields(vocab_size)
-    problems = []
+    problems, checked = [], {}
     for key, value in given.items():
         if key not in fields:
             problems.append(f"unknown key serving.task.decoding.{key} (allowed: {sorted(fields)})")
-        elif not isinstance(value, fields[key][0]) or not fields[key][1](value):
-            problems.append(f"serving.task.decoding.{key} must be {fields[key][2]}, got {value!r}")
+            continue
+        checked[key], allowed = check_field(fields[key], value)
+        if allowed is not None:
+            problems.append(f"serving.task.decoding.{key} must be {allowed}, got {value!r}")
     if problems:
         raise ConfigError(source, problems)
-    return {**DEFAULTS, **given}
+    return {**DEFAULTS, **checked}
