@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 ADAPTERS = (None, "alpha", "beta")
@@ -250,16 +250,11 @@ def run(
             if _wait(stop, min(progress_every_s, end - time.monotonic()), server_pid, died):
                 break
             with lock:
-                so_far = SoakReport(
+                so_far = replace(
+                    report,
                     duration_s=time.monotonic() - measured_from,
-                    concurrency=concurrency,
-                    requests=report.requests,
-                    errors=report.errors,
-                    cancelled=report.cancelled,
-                    latency_p50_s=percentile(latencies, 0.50),
-                    latency_p99_s=percentile(latencies, 0.99),
                     requests_by_model=dict(report.requests_by_model),
-                    rss_start_mib=report.rss_start_mib,
+                    **latency_figures(latencies),
                 )
             so_far.rss_end_mib = tree_rss_mib(server_pid)
             log(f"so far: {so_far.summary()}")
@@ -267,9 +262,16 @@ def run(
     for thread in threads:
         thread.join(timeout=150)
     report.rss_end_mib = tree_rss_mib(server_pid) if server_alive(server_pid) else 0.0
-    report.latency_p50_s = percentile(latencies, 0.50)
-    report.latency_p99_s = percentile(latencies, 0.99)
+    for name, value in latency_figures(latencies).items():
+        setattr(report, name, value)
     return report
+
+
+def latency_figures(latencies: list[float]) -> dict[str, float]:
+    return {
+        "latency_p50_s": percentile(latencies, 0.50),
+        "latency_p99_s": percentile(latencies, 0.99),
+    }
 
 
 def cancelled_variant(fields: dict) -> dict:
