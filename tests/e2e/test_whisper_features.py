@@ -46,13 +46,11 @@ def transformers_segments(demo_models, adapter, wav) -> list[dict]:
     the model's generation_config (token suppression on), as whisper_lora decodes by default."""
     from transformers import AutoTokenizer
 
-    from lora_serving.reference.whisper import _load_feature_extractor, _load_model
+    from lora_serving.reference.whisper import _load_model, reference_features
 
     base = str((demo_models / "whisper-base").absolute())
     adapter_dir = str((demo_models / "whisper-adapters" / adapter).absolute()) if adapter else None
-    features = _load_feature_extractor(base)(
-        load_16k(wav), sampling_rate=16000, return_tensors="pt"
-    ).input_features
+    features = reference_features(base, load_16k(wav))
     ids = _load_model(base, adapter_dir).generate(
         features, language="en", task="transcribe", return_timestamps=True
     )[0]
@@ -127,14 +125,12 @@ def generate_with_prompt(demo_models, adapter, wav, previous: str, max_tokens: i
     import torch
     from transformers import AutoTokenizer
 
-    from lora_serving.reference.whisper import _load_feature_extractor, _load_model
+    from lora_serving.reference.whisper import _load_model, reference_features
 
     base = str((demo_models / "whisper-base").absolute())
     adapter_dir = str((demo_models / "whisper-adapters" / adapter).absolute()) if adapter else None
     tokenizer = AutoTokenizer.from_pretrained(base)
-    features = _load_feature_extractor(base)(
-        load_16k(wav), sampling_rate=16000, return_tensors="pt"
-    ).input_features
+    features = reference_features(base, load_16k(wav))
     prompt_ids = torch.tensor(tokenizer.get_prompt_ids(previous))
     ids = (
         _load_model(base, adapter_dir)

@@ -360,12 +360,14 @@ def merged_cross_kv(model: TinyWhisper, kind: str | None, audio_seed: int):
     from peft import PeftModel
     from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
+    from lora_serving.vllm_plugin.whisper_feature_padding import padded_features
+
     whisper = WhisperForConditionalGeneration.from_pretrained(model.base_dir, dtype=torch.float32)
     if kind is not None:
         whisper = PeftModel.from_pretrained(whisper, model.adapter_dirs[kind]).merge_and_unload()
-    features = WhisperFeatureExtractor.from_pretrained(model.base_dir)(
-        synthetic_audio(audio_seed), sampling_rate=SAMPLE_RATE, return_tensors="pt"
-    ).input_features
+    features = padded_features(  # as the engine pads a short window (our plugin)
+        WhisperFeatureExtractor.from_pretrained(model.base_dir), synthetic_audio(audio_seed)
+    )
     with torch.inference_mode():
         encoded = whisper.get_encoder()(features).last_hidden_state[0]
         return [

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from lora_serving.demo.whisper import CROSS_KV_LORA_TARGETS, DECODER_LORA_TARGETS
 from lora_serving.finetune.corpus import Utterance, load_16k, synthesise
+from lora_serving.vllm_plugin.whisper_feature_padding import padded_features
 
 SAMPLE_RATE = 16_000
 GAP_SECONDS = 0.4  # silence between packed sentences
@@ -221,9 +222,7 @@ def _encode_windows(model, base_dir: Path, windows: list[Window], first_trained:
     examples = []
     with torch.no_grad():
         for window in tqdm(windows, desc="encode windows", disable=not progress):
-            features = extractor(
-                window.samples, sampling_rate=SAMPLE_RATE, return_tensors="pt"
-            ).input_features
+            features = padded_features(extractor, window.samples)  # as served
             text_ids = tokenizer.encode(" " + window.text, add_special_tokens=False)
             inputs, labels = decoder_ids(prompt_ids, text_ids, model.config.eos_token_id)
             stem = _encoder_stem(model.model.encoder, features, first_trained)

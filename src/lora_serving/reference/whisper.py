@@ -106,10 +106,16 @@ def _model_and_features(base_dir: Path, adapter_dir: Path | None, audio_16k: np.
     base_key = str(Path(base_dir).absolute())
     adapter_key = None if adapter_dir is None else str(Path(adapter_dir).absolute())
     model = _load_model(base_key, adapter_key)
-    features = _load_feature_extractor(base_key)(
-        np.asarray(audio_16k, dtype=np.float32), sampling_rate=SAMPLE_RATE, return_tensors="pt"
-    ).input_features
-    return model, features
+    return model, reference_features(base_key, audio_16k)
+
+
+def reference_features(base_dir, audio_16k: np.ndarray):
+    """The log-mel window whisper_lora serves (zero after the audio, as openai-whisper pads a
+    short window: vllm_plugin.whisper_feature_padding)."""
+    from lora_serving.vllm_plugin.whisper_feature_padding import padded_features
+
+    extractor = _load_feature_extractor(str(Path(base_dir).absolute()))
+    return padded_features(extractor, np.asarray(audio_16k, dtype=np.float32))
 
 
 def greedy_without_rules(

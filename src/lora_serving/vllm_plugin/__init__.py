@@ -5,6 +5,8 @@
   encoder and cross-attention kv_proj.
 - whisper_decoder_prompt (every platform): Whisper's decoder prompt is not prefixed with an extra
   <|startoftranscript|>, so previous text reaches it in the form it was trained on.
+- whisper_feature_padding (every platform): a window shorter than 30 s is padded with zero
+  features after the audio, as openai-whisper's transcribe() and faster-whisper pad it.
 - whisper_encoder_memo (every platform, V1 runner): Whisper's encoder runs once per audio window
   across the requests that decode it (probe, retries, beam steps).
 - die_with_parent (not a defect): an EngineCore or worker dies with the process that started it,
@@ -85,6 +87,14 @@ def register() -> None:
         applied.append(
             "whisper_decoder_prompt (Whisper's decoder prompt is used as given: <|startofprev|> "
             "first, no extra <|startoftranscript|>)"
+        )
+
+    from . import whisper_feature_padding
+
+    if whisper_feature_padding.apply():
+        applied.append(
+            "whisper_feature_padding (features after a short window's audio are zero, as "
+            "openai-whisper pads them)"
         )
 
     from . import whisper_encoder_memo
