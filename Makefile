@@ -72,8 +72,9 @@ clean-models:
 
 # ---- Benchmarks (issue 7) ---------------------------------------------------------------------
 # perf_analyzer workloads through tritonserver beside the same engine in-process and the
-# transformers pipeline; writes results/bench-<time>/report.md with PNG plots (results/latest
-# links it). Options: make bench BENCH_ARGS="--config my-gpu.json" (README "Benchmarks").
+# transformers pipeline, then word error rate vs faster-whisper (its own venv); writes
+# results/bench-<time>/report.md with PNG plots (results/latest links it). Options:
+# make bench BENCH_ARGS="--config my-gpu.json" or "--models wer" (README "Benchmarks").
 BENCH_ARGS ?=
 .PHONY: bench
 bench: setup

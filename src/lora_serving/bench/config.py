@@ -21,6 +21,8 @@ from typing import Any
 from lora_serving.launcher import REPO_ROOT
 
 MODEL_KINDS = ("whisper", "qwen_vl")
+# Parts of a run, in order: each model's figures, then word error rate vs faster-whisper (wer.py).
+PARTS = (*MODEL_KINDS, "wer")
 
 
 @dataclass
@@ -83,7 +85,7 @@ def _default_qwen() -> ModelBench:
 
 @dataclass
 class BenchConfig:
-    models: list[str] = field(default_factory=lambda: list(MODEL_KINDS))
+    models: list[str] = field(default_factory=lambda: list(PARTS))  # parts to run
     repeats: int = 3
     results_dir: Path = REPO_ROOT / "results"
     # Where config.pbtxt, model.py and model.json are copied from.
@@ -109,6 +111,9 @@ class BenchConfig:
     hf_device: str = "cpu"
     hf_batch_sizes: list[int] = field(default_factory=lambda: [1, 4])
     hf_threads: int = 0
+    # Word error rate vs faster-whisper ("wer" in models): faster-whisper's CTranslate2 threads
+    # (0: as many as cores whisper_lora's engine is bound to).
+    wer_threads: int = 0
     # P6: adapters loaded into the in-process engine in `p6_batches` batches of `p6_batch_size`
     # after one warm-up adapter (each batch is one repetition).
     p6_batches: int = 3
@@ -129,9 +134,9 @@ class BenchConfig:
 
     def check(self) -> list[str]:
         problems = []
-        unknown = sorted(set(self.models) - set(MODEL_KINDS))
+        unknown = sorted(set(self.models) - set(PARTS))
         if unknown:
-            problems.append(f"unknown models {unknown}; use {', '.join(MODEL_KINDS)}")
+            problems.append(f"unknown models {unknown}; use {', '.join(PARTS)}")
         if self.repeats < 1:
             problems.append("repeats must be >= 1")
         if self.max_cpu_loras < self.many_adapters:

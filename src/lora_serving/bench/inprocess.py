@@ -170,7 +170,7 @@ class InProcessEngine:
     def process_ids(self) -> list[int]:
         """The engine's own processes (EngineCore, its worker), not those of a tritonserver
         this process also started."""
-        from lora_serving.bench.run import engine_processes
+        from lora_serving.bench.processes import engine_processes
 
         found = engine_processes(os.getpid())
         return [pid for role, pid in found.items() if role != "frontend"]

@@ -2,6 +2,7 @@
 to first token, the ratios against their goals). Everything but the plotting is plain data in,
 text out (unit-tested)."""
 
+import json
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -263,8 +264,9 @@ def render_markdown(results: dict, config: BenchConfig, plots: list[str]) -> str
                 else ""
             )
         )
-    out += ["", "## Ratios against their goals", ""]
-    out += ratio_table(ratios)
+    if ratios:
+        out += ["", "## Ratios against their goals", ""]
+        out += ratio_table(ratios)
     for kind, result in results.get("models", {}).items():
         title = MODEL_TITLES.get(kind, kind)
         out += ["", f"## {title}", ""]
@@ -343,6 +345,10 @@ def render_markdown(results: dict, config: BenchConfig, plots: list[str]) -> str
                         f"{frame} {share * 100:.0f}%" for frame, share in profile["top_inclusive"]
                     )
                 )
+    if "wer" in results:
+        wer_plot = next((p for p in plots if Path(p).stem == WER_PLOT), None)
+        out += ["", *wer_section(results["wer"], wer_plot)]
+        plots = [p for p in plots if p != wer_plot]
     out += ["", "## How each figure is measured", ""]
     out += [f"- {line}" for line in method_notes(config)]
     if plots:
@@ -384,6 +390,128 @@ def method_notes(config: BenchConfig) -> list[str]:
         "Machine load: CPU time of all other processes per second of each measurement "
         "(system busy time minus the bench's own processes).",
     ]
+
+
+# ---- word error rate vs faster-whisper (wer.py) --------------------------------------------------
+WER_PLOT = "wer_vs_faster_whisper"
+SIDES = (("ours", "whisper_lora"), ("faster_whisper", "faster-whisper"))
+
+
+def wer_rows(wer: dict) -> list[dict]:
+    """One row per setting measured on both sides: WER and total seconds, ours and theirs."""
+    rows = []
+    for name, setting in wer.get("settings", {}).items():
+        ours, peer = setting.get("ours"), setting.get("faster_whisper")
+        if not (ours and peer):
+            continue
+        rows.append(
+            {
+                "setting": name,
+                "label": setting.get("label", name),
+                "words": ours["reference_words"],
+                "ours_errors": ours["word_errors"],
+                "faster_whisper_errors": peer["word_errors"],
+                "ours_wer": ours["wer"],
+                "faster_whisper_wer": peer["wer"],
+                "ours_s": ours["total_s"],
+                "faster_whisper_s": peer["total_s"],
+            }
+        )
+    return rows
+
+
+def beam_throughput_ratio(rows: list[dict], side: str) -> float:
+    """Requests per second at beam 5 ÷ at the defaults (greedy), on one side."""
+    by_name = {row["setting"]: row for row in rows}
+    if "beam5" not in by_name or "defaults" not in by_name:
+        return math.nan
+    return by_name["defaults"][f"{side}_s"] / by_name["beam5"][f"{side}_s"]
+
+
+def wer_section(wer: dict, plot: str | None = None) -> list[str]:
+    out = ["## Word error rate vs faster-whisper", ""]
+    if "error" in wer:
+        return out + ["```", wer["error"][-3000:], "```"]
+    rows = wer_rows(wer)
+    count = len(wer.get("sentences", []))
+    out.append(
+        f"{count} espeak-ng sentences ({_fmt(wer.get('audio_s', math.nan), 0)} s of speech, "
+        "several voices and speeds), the same 16 kHz WAV files to both sides, language en, one "
+        "request at a time; WER after Whisper's English normaliser, over all words together. "
+        f"faster-whisper: float32, same CTranslate2 whisper-base, {wer.get('threads', '?')} "
+        "thread(s) (the cores whisper_lora's engine is bound to). Times: sum of the requests' "
+        "wall times, after one untimed warm-up request."
+    )
+    out += [
+        "",
+        "| setting | whisper_lora WER | faster-whisper WER | whisper_lora s | "
+        "faster-whisper s | whisper_lora no worse |",
+        "|---|---:|---:|---:|---:|:---:|",
+    ]
+    for row in rows:
+        no_worse = "yes" if row["ours_errors"] <= row["faster_whisper_errors"] else "**no**"
+        out.append(
+            f"| {row['label']} | {_fmt(row['ours_wer'])} ({row['ours_errors']}/{row['words']}) | "
+            f"{_fmt(row['faster_whisper_wer'])} ({row['faster_whisper_errors']}/{row['words']}) "
+            f"| {_fmt(row['ours_s'], 1)} | {_fmt(row['faster_whisper_s'], 1)} | {no_worse} |"
+        )
+    out += [
+        "",
+        "Beam 5 ÷ greedy throughput (requests per second at beam 5 ÷ at the defaults): "
+        + ", ".join(
+            f"{title} {_fmt(beam_throughput_ratio(rows, side), 2)}" for side, title in SIDES
+        )
+        + ".",
+    ]
+    loads = {
+        title: [s[side]["other_load"] for s in wer.get("settings", {}).values() if side in s]
+        for side, title in SIDES
+    }
+    if all(loads.values()):
+        out.append(
+            "Other processes' load (cores busy, at most): "
+            + ", ".join(f"{t}'s runs {_fmt(max(v), 2)}" for t, v in loads.items())
+            + f" (over {BUSY_CORES}: the times are noisy)."
+        )
+    out += [
+        "",
+        "Settings of each row:",
+    ]
+    for name, setting in wer.get("settings", {}).items():
+        ours = setting.get("ours_parameters") or {}
+        out.append(
+            f"- {setting.get('label', name)}: whisper_lora `sampling_parameters` "
+            + (f"`{json.dumps(ours)}`" if ours else "none (its model.json defaults)")
+            + "; faster-whisper `transcribe(audio, "
+            + ", ".join(
+                f"{k}={v!r}" for k, v in (setting.get("faster_whisper_arguments") or {}).items()
+            )
+            + ")`"
+        )
+    mistakes = _wer_mistakes(wer)
+    if mistakes:
+        out += ["", "Sentences with word errors (reference, then each side's text):", ""]
+        out += mistakes
+    if plot:
+        out += ["", f"![{WER_PLOT}]({Path(plot).name})"]
+    return out
+
+
+def _wer_mistakes(wer: dict) -> list[str]:
+    lines = []
+    sentences = wer.get("sentences", [])
+    for name, setting in wer.get("settings", {}).items():
+        sides = [(title, setting.get(side)) for side, title in SIDES if setting.get(side)]
+        for index, reference in enumerate(sentences):
+            wrong = [(t, s) for t, s in sides if s.get("errors", [0] * len(sentences))[index]]
+            if not wrong:
+                continue
+            lines.append(f"- {name}: “{reference}”")
+            lines += [
+                f"  - {title} ({s['errors'][index]} errors): “{s['texts'][index]}”"
+                for title, s in wrong
+            ]
+    return lines
 
 
 # ---- plots -----------------------------------------------------------------------------------
@@ -467,7 +595,28 @@ def write_plots(results: dict, config: BenchConfig, out: Path) -> list[str]:
         paths.append(str(out / "ratios_vs_goals.png"))
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
+    rows = wer_rows(results.get("wer", {}))
+    if rows:
+        paths.append(str(out / f"{WER_PLOT}.png"))
+        _wer_plot(plt, rows, paths[-1])
     return paths
+
+
+def _wer_plot(plt, rows: list[dict], path: str) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    width = 0.38
+    for ax, (key, what) in zip(axes, (("wer", "word error rate"), ("s", "seconds")), strict=True):
+        for offset, (side, title) in zip((-width / 2, width / 2), SIDES, strict=True):
+            values = [row[f"{side}_{key}"] for row in rows]
+            bars = ax.bar([i + offset for i in range(len(rows))], values, width, label=title)
+            ax.bar_label(bars, fmt="%.3f" if key == "wer" else "%.1f", fontsize=7)
+        ax.set_xticks(range(len(rows)), [row["setting"] for row in rows])
+        ax.set_title(what, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def write_report(results: dict, config: BenchConfig, out: Path) -> Path:

@@ -178,3 +178,23 @@ def build(config: BenchConfig, kind: str, work: Path) -> BenchModel:
         adapter_file_bytes=(first / "adapter_model.safetensors").stat().st_size,
         base_model_dir=base_dir,
     )
+
+
+def build_served_only(config: BenchConfig, kind: str, repo: Path) -> str:
+    """Only the shipped <model> (e.g. whisper_lora, LoRA on, no adapters listed) in `repo`, with
+    the bench's engine overrides: the word-error-rate part serves it as users get it."""
+    shipped_name, _ = SHIPPED[kind]
+    shipped_dir = config.source_repository / shipped_name / "1"
+    shipped = json.loads((shipped_dir / "model.json").read_text())
+    model_json = bench_model_json(
+        shipped,
+        shipped_dir,
+        lora=True,
+        max_loras=shipped.get("max_loras", config.max_loras),
+        max_cpu_loras=shipped.get("max_cpu_loras", config.max_cpu_loras),
+        engine_overrides={**config.engine_overrides, **config.model(kind).engine_overrides},
+        environment_overrides=config.environment_overrides,
+    )
+    folder = _write_model(config.source_repository, shipped_name, repo, shipped_name, model_json)
+    (folder / "multi_lora.json").write_text("{}")
+    return shipped_name

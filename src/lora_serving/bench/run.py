@@ -20,6 +20,10 @@ Per model (whisper, then qwen_vl), one tritonserver in explicit model-control mo
 Every workload is warmed up first (one request per adapter, one token), so rounds measure the
 steady state: adapters in the engine's cache, no first-call costs. A round is one repetition;
 ratios are taken within a round and the report gives their median.
+
+Then ("wer", wer.py): word error rate and time of whisper_lora (one tritonserver with only that
+model) next to faster-whisper in its own environment, on the same espeak-ng sentences and
+whisper-base weights, at whisper_lora's defaults and at beam 5.
 """
 
 import argparse
@@ -31,7 +35,6 @@ import math
 import os
 import platform
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -41,16 +44,11 @@ from lora_serving.bench import perf_data
 from lora_serving.bench.config import BenchConfig, load_config
 from lora_serving.bench.memory import LoadMeter, measure_adapter_memory
 from lora_serving.bench.perf_analyzer import run_requests
+from lora_serving.bench.processes import Isolation, engine_processes, free_port, own_pids
 from lora_serving.bench.report import UNSTREAMED
 from lora_serving.bench.repository import BenchModel, build
 from lora_serving.bench.stats import summarize
 from lora_serving.launcher import TritonServer
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Log:
@@ -78,13 +76,6 @@ class Log:
         self.handle.flush()
 
 
-def own_pids() -> list[int]:
-    import psutil
-
-    me = psutil.Process()
-    return [me.pid, *(child.pid for child in me.children(recursive=True))]
-
-
 def _without_stream(entry: dict) -> dict:
     return {name: tensor for name, tensor in entry.items() if name != "stream"}
 
@@ -100,96 +91,6 @@ def _retry(log, what: str, wait_s: float, action):
         )
         time.sleep(wait_s)
         return action()
-
-
-def vllm_role(process) -> str | None:
-    """ "engine_core" / "worker" for vLLM's processes (they retitle themselves VLLM::...)."""
-    try:
-        title = " ".join(process.cmdline()[:1]) or process.name()
-    except Exception:
-        return None
-    if not title.startswith("VLLM"):
-        return None
-    return "engine_core" if "EngineCore" in title else "worker"
-
-
-def engine_processes(root_pid: int, instance: str | None = None) -> dict[str, int]:
-    """{"stub" or "frontend", "engine_core", "worker": pid} of one engine.
-
-    With `instance` (a Triton model instance, e.g. "whisper_lora_0"): the stub below the
-    tritonserver `root_pid` and its engine. Without: the engine this process (`root_pid`)
-    started itself, leaving out everything below its tritonserver child."""
-    import psutil
-
-    root = psutil.Process(root_pid)
-    found: dict[str, int] = {}
-    if instance is not None:
-        for child in root.children():
-            if any(instance in part for part in child.cmdline()):
-                found["stub"] = child.pid
-                tops = [child]
-                break
-        else:
-            return found
-    else:
-        found["frontend"] = root.pid
-        tops = [c for c in root.children() if "tritonserver" not in c.name()]
-    for top in tops:
-        for process in [top, *top.children(recursive=True)]:
-            role = vllm_role(process)
-            if role:
-                found.setdefault(role, process.pid)
-    return found
-
-
-class Isolation:
-    """Only the side being measured runs.
-
-    A served LoRA model polls its engine's adapter state every few seconds (adapter_fleet's
-    STATE_INTERVAL_S); each poll wakes the vLLM worker, which then busy-polls its queue for a
-    second (vLLM's SpinCondition), about 20% of the core it is pinned to, the same core the
-    other configuration's engine is pinned to. So before each measurement the stubs of the
-    Triton models not being measured are paused (SIGSTOP; resumed with SIGCONT afterwards), and
-    the bench waits `settle_s` for the previous side's engine to stop spinning."""
-
-    def __init__(self, settle_s: float):
-        self.settle_s = settle_s
-        self.stubs: dict[str, int] = {}  # Triton model -> its stub's pid
-        self.paused: set[int] = set()
-
-    def register(self, server_pid: int, names: list[str]) -> None:
-        for name in names:
-            stub = engine_processes(server_pid, f"{name}_0").get("stub")
-            if stub is not None:
-                self.stubs[name] = stub
-
-    def only(self, running: str | None, settle: bool = True) -> None:
-        """Let only Triton model `running` (None: none of them) run; then settle."""
-        wanted = {pid for name, pid in self.stubs.items() if name != running}
-        for pid in self.paused - wanted:
-            self._signal(pid, signal.SIGCONT)
-        for pid in wanted - self.paused:
-            self._signal(pid, signal.SIGSTOP)
-        self.paused = wanted
-        if settle:
-            time.sleep(self.settle_s)
-
-    def forget(self, name: str) -> None:
-        pid = self.stubs.pop(name, None)
-        if pid in self.paused:
-            self._signal(pid, signal.SIGCONT)
-            self.paused.discard(pid)
-
-    def resume_all(self) -> None:
-        for pid in self.paused:
-            self._signal(pid, signal.SIGCONT)
-        self.paused = set()
-        self.stubs = {}
-
-    @staticmethod
-    def _signal(pid: int, sig) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
 
 
 class Bench:
@@ -316,9 +217,9 @@ class Bench:
 
         server = TritonServer(
             self.work / "repository",
-            http=_free_port(),
-            grpc=_free_port(),
-            metrics=_free_port(),
+            http=free_port(),
+            grpc=free_port(),
+            metrics=free_port(),
             extra_args=["--model-control-mode=explicit", "--log-verbose=0"],
             log_path=self.out / f"tritonserver-{kind}.log",
         )
@@ -650,6 +551,13 @@ class Bench:
             ),
         )
 
+    # ---- word error rate vs faster-whisper ----------------------------------------------------
+    def run_wer(self) -> None:
+        from lora_serving.bench import wer
+
+        self.log("== wer: whisper_lora vs faster-whisper, word error rate and time")
+        self.results["wer"] = wer.measure(self.config, self.out, self.log, self.meter)
+
     # ---- whole run -------------------------------------------------------------------------
     def run(self) -> Path:
         from lora_serving.bench import report
@@ -657,12 +565,14 @@ class Bench:
         started = time.monotonic()
         for kind in self.config.models:
             try:
-                self.run_model(kind)
+                if kind == "wer":
+                    self.run_wer()
+                else:
+                    self.run_model(kind)
             except Exception as err:
                 self.log(f"!! {kind} failed: {err!r}")
-                self.results["models"].setdefault(kind, {})["error"] = "".join(
-                    traceback.format_exception(err)
-                )
+                failed = self.results if kind == "wer" else self.results["models"]
+                failed.setdefault(kind, {})["error"] = "".join(traceback.format_exception(err))
             self.results["total_s"] = time.monotonic() - started
             (self.out / "results.json").write_text(json.dumps(self.results, indent=1))
         self.results["total_s"] = time.monotonic() - started
@@ -673,7 +583,8 @@ class Bench:
 
     @property
     def failed(self) -> bool:
-        return any("error" in result for result in self.results["models"].values())
+        parts = [*self.results["models"].values(), self.results.get("wer", {})]
+        return any("error" in result for result in parts)
 
 
 def machine_facts() -> dict:
@@ -701,7 +612,11 @@ def _parse_list(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Benchmarks of issue 7 (see README).")
     parser.add_argument("--config", type=Path, help="JSON file with bench settings")
-    parser.add_argument("--models", help="comma-separated: whisper,qwen_vl")
+    parser.add_argument(
+        "--models",
+        help="comma-separated parts to run: whisper,qwen_vl,wer (default all; wer: word error "
+        "rate vs faster-whisper only, a few minutes)",
+    )
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--whisper-concurrency", help="e.g. 1,2,4")
     parser.add_argument("--qwen-concurrency", help="e.g. 1,4,8")

@@ -1,0 +1,112 @@
+"""The bench's view of processes and ports: which pids are vLLM engines (their stubs, EngineCore and
+worker) and pausing the Triton models not being measured. Shared by run.py, inprocess.py and
+wer.py (kept out of run.py so none of them imports run.py)."""
+
+import contextlib
+import os
+import signal
+import socket
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def own_pids() -> list[int]:
+    import psutil
+
+    me = psutil.Process()
+    return [me.pid, *(child.pid for child in me.children(recursive=True))]
+
+
+def vllm_role(process) -> str | None:
+    """ "engine_core" / "worker" for vLLM's processes (they retitle themselves VLLM::...)."""
+    try:
+        title = " ".join(process.cmdline()[:1]) or process.name()
+    except Exception:
+        return None
+    if not title.startswith("VLLM"):
+        return None
+    return "engine_core" if "EngineCore" in title else "worker"
+
+
+def engine_processes(root_pid: int, instance: str | None = None) -> dict[str, int]:
+    """{"stub" or "frontend", "engine_core", "worker": pid} of one engine.
+
+    With `instance` (a Triton model instance, e.g. "whisper_lora_0"): the stub below the
+    tritonserver `root_pid` and its engine. Without: the engine this process (`root_pid`)
+    started itself, leaving out everything below its tritonserver child."""
+    import psutil
+
+    root = psutil.Process(root_pid)
+    found: dict[str, int] = {}
+    if instance is not None:
+        for child in root.children():
+            if any(instance in part for part in child.cmdline()):
+                found["stub"] = child.pid
+                tops = [child]
+                break
+        else:
+            return found
+    else:
+        found["frontend"] = root.pid
+        tops = [c for c in root.children() if "tritonserver" not in c.name()]
+    for top in tops:
+        for process in [top, *top.children(recursive=True)]:
+            role = vllm_role(process)
+            if role:
+                found.setdefault(role, process.pid)
+    return found
+
+
+class Isolation:
+    """Only the side being measured runs.
+
+    A served LoRA model polls its engine's adapter state every few seconds (adapter_fleet's
+    STATE_INTERVAL_S); each poll wakes the vLLM worker, which then busy-polls its queue for a
+    second (vLLM's SpinCondition), about 20% of the core it is pinned to, the same core the
+    other configuration's engine is pinned to. So before each measurement the stubs of the
+    Triton models not being measured are paused (SIGSTOP; resumed with SIGCONT afterwards), and
+    the bench waits `settle_s` for the previous side's engine to stop spinning."""
+
+    def __init__(self, settle_s: float):
+        self.settle_s = settle_s
+        self.stubs: dict[str, int] = {}  # Triton model -> its stub's pid
+        self.paused: set[int] = set()
+
+    def register(self, server_pid: int, names: list[str]) -> None:
+        for name in names:
+            stub = engine_processes(server_pid, f"{name}_0").get("stub")
+            if stub is not None:
+                self.stubs[name] = stub
+
+    def only(self, running: str | None, settle: bool = True) -> None:
+        """Let only Triton model `running` (None: none of them) run; then settle."""
+        wanted = {pid for name, pid in self.stubs.items() if name != running}
+        for pid in self.paused - wanted:
+            self._signal(pid, signal.SIGCONT)
+        for pid in wanted - self.paused:
+            self._signal(pid, signal.SIGSTOP)
+        self.paused = wanted
+        if settle:
+            time.sleep(self.settle_s)
+
+    def forget(self, name: str) -> None:
+        pid = self.stubs.pop(name, None)
+        if pid in self.paused:
+            self._signal(pid, signal.SIGCONT)
+            self.paused.discard(pid)
+
+    def resume_all(self) -> None:
+        for pid in self.paused:
+            self._signal(pid, signal.SIGCONT)
+        self.paused = set()
+        self.stubs = {}
+
+    @staticmethod
+    def _signal(pid: int, sig) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
