@@ -157,7 +157,8 @@ BAD = {
         WHISPER,
         {"audio": TONE, "sampling_parameters": json.dumps({"temperature": "hot", "seed": 1.5})},
         None,
-        "'temperature' must be a number >= 0, got \"hot\"; 'seed' must be an integer >= 0",
+        "'temperature' must be a number in [0, 100] or a list of 1 to 16 of them (tried in "
+        "order), got \"hot\"; 'seed' must be an integer >= 0",
     ),
     "whisper: max_tokens 0": (
         WHISPER,
