@@ -373,6 +373,7 @@ class TranscriptionTask:
             outcomes=context["outcomes"],
             condition_on_previous_text=context["condition_on_previous_text"],
             initial_prompt=context["previous_ids"],
+            timestamp_begin=self.timestamp_rules["timestamp_begin"],
         )
 
     async def _attempt(self, job, stream: Stream, samples, ids: list[int], name: str, temperature):

@@ -21,10 +21,10 @@ import numpy as np
 
 from lora_serving.audio import WHISPER_SAMPLE_RATE, WINDOW_SECONDS, AudioWindow
 from lora_serving.jobs import GenerationChunk
-from lora_serving.tasks.whisper_timestamps import WindowReading
+from lora_serving.tasks.whisper_timestamps import SECONDS_PER_TIMESTAMP, WindowReading
 
 # A window's samples -> the chunks of its decoding (whisper_quality.decode_window), the last one
-# finished; with timestamps, also the text tokens said before it (condition_on_previous_text).
+# finished; with timestamps, also the tokens said before it (condition_on_previous_text).
 WindowDecoder = Callable[..., AsyncIterator[GenerationChunk]]
 # A tail shorter than this is not worth a window of its own (one 20 ms timestamp step is less).
 MIN_WINDOW_SAMPLES = WHISPER_SAMPLE_RATE // 10
@@ -112,18 +112,24 @@ async def decode_seeking(
     outcomes: list,
     condition_on_previous_text: bool,
     initial_prompt: list[int],
+    timestamp_begin: int,
 ) -> AsyncIterator[GenerationChunk]:
     """Decode window after window from where the last one's speech ended; fill `segments`.
 
     `segments` receives {start, end, text} in seconds of the whole recording, plus the fields
     of the window's accepted attempt (`outcomes`, filled by `decode_window`: temperature,
     avg_logprob, compression_ratio, no_speech_prob). A silent window adds nothing and is
-    skipped whole. Each window is told `initial_prompt` and the text tokens said before it
+    skipped whole. Each window is told `initial_prompt` and the segments said before it, each
+    as its tokens between its two timestamp tokens (openai-whisper's and transformers' form)
     (`decode_window(samples, previous)`), back to the last reset: openai-whisper resets after
     every window without `condition_on_previous_text`, and after a window decoded above
     temperature 0.5.
     """
     said: list[int] = list(initial_prompt)  # tokens since the last reset
+
+    def timestamp(seconds: float) -> int:  # window time -> its timestamp token
+        return timestamp_begin + round(seconds / SECONDS_PER_TIMESTAMP)
+
     texts: list[str] = []
     finals: list[GenerationChunk] = []
     window_samples = int(WINDOW_SECONDS * WHISPER_SAMPLE_RATE)
@@ -134,7 +140,7 @@ async def decode_seeking(
         before = separator.join(texts)
         for start, end, tokens in found:
             text = decode(tokens).strip()
-            said.extend(tokens)
+            said.extend([timestamp(start), *tokens, timestamp(end)])
             if text:
                 texts.append(text)
                 segments.append(
