@@ -96,7 +96,9 @@ def test_every_sentence_comes_back_in_order(recording, outcomes, kind):
 def test_streamed_text_adds_up_and_segments_carry_recording_times(recording, outcomes):
     _, said, duration = recording
     outcome = outcomes["streamed"]
-    assert len(outcome.partials) > 50
+    # The default schedule may retry a window, so its text comes window by window, each as soon
+    # as the window is accepted (one temperature would stream segment by segment).
+    assert len(outcome.partials) >= int(duration // 30)
     assert "".join(outcome.partials) == outcome.text
     segments = json.loads(outcome.outputs["segments"][0])
     starts = [segment["start"] for segment in segments]
@@ -109,3 +111,5 @@ def test_streamed_text_adds_up_and_segments_carry_recording_times(recording, out
     near = np.mean(np.array(distance) < 1.0)
     print(f"\n{len(segments)} segments, {near:.0%} start within 1 s of a sentence start")
     assert near >= 0.8
+    # Each window, decoded with the text before it as previous text, kept its first attempt.
+    assert {segment["temperature"] for segment in segments} == {0.0}
