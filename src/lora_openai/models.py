@@ -74,6 +74,10 @@ class ModelCatalog:
     async def _take(self, now: float) -> Listing:
         ready = await asyncio.gather(*(self.gateway.model_ready(m) for m in BASE_MODELS))
         models = [m for m, ok in zip(BASE_MODELS, ready, strict=True) if ok]
+        if not models and not await self.gateway.server_ready():
+            raise OpenAIError(
+                503, f"Triton at {self.gateway.url} is not ready", code="triton_unavailable"
+            )
         answers = await asyncio.gather(
             *(self.gateway.adapter_names(m) for m in models), return_exceptions=True
         )
