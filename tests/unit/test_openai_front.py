@@ -487,3 +487,54 @@ def test_body_size_limit(client_and_gateway):
     response = client.post("/v1/audio/transcriptions", data={"model": "whisper_lora"}, files=files)
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
+
+
+# ---- lora-client --show --------------------------------------------------------------------------
+def test_client_shows_a_chat_request_as_curl_and_openai_code(tmp_path):
+    import base64
+    import subprocess
+
+    from lora_client import openai_examples as ex
+
+    image_path = tmp_path / "a b.png"
+    image_path.write_bytes(b"\x89PNG")
+    body = {
+        "model": ex.model_id("qwen_vl_lora", "beta"),
+        "messages": ex.chat_messages('Say "$HOME" `x` \\n', [image_path], "Be brief."),
+        "max_tokens": 8,
+    }
+    command = ex.chat_curl("http://h:9/v1", body, [image_path])
+    sent = subprocess.run(
+        ["bash", "-c", f'curl() {{ printf "%s" "$6"; }}; {command}'],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    received = json.loads(sent)
+    url = received["messages"][1]["content"][0]["image_url"]["url"]
+    assert url == "data:image/png;base64," + base64.b64encode(b"\x89PNG").decode()
+    assert received["messages"][1]["content"][1]["text"] == 'Say "$HOME" `x` \\n'
+    assert received["model"] == "qwen_vl_lora/beta" and received["max_tokens"] == 8
+    compile(ex.chat_python("http://h:9/v1", {**body, "stream": True}, [image_path]), "c", "exec")
+
+
+def test_client_shows_a_transcription_as_curl_and_openai_code(tmp_path):
+    import shlex
+
+    from lora_client import openai_examples as ex
+
+    request = ex.speech_request(
+        tmp_path / "s.wav",
+        "whisper_lora/alpha",
+        task="translate",
+        timestamps=True,
+        decoding={"beam_size": 5, "vad_filter": True},
+    )
+    words = shlex.split(ex.speech_curl("http://h:9/v1", tmp_path / "s.wav", *request))
+    assert words[2] == "http://h:9/v1/audio/translations"
+    assert words[3:] == [
+        "-F", f"file=@{tmp_path / 's.wav'}", "-F", "model=whisper_lora/alpha",
+        "-F", "response_format=verbose_json", "-F", "timestamp_granularities[]=segment",
+        "-F", "beam_size=5", "-F", "vad_filter=true",
+    ]  # fmt: skip
+    compile(ex.speech_python("http://h:9/v1", tmp_path / "s.wav", *request), "s", "exec")
