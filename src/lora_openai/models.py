@@ -45,15 +45,21 @@ def parse_model_id(model: str) -> ModelId:
 
 @dataclass(frozen=True)
 class Listing:
-    adapters: dict[str, list[str]]  # ready Triton model -> its adapters
+    # ready Triton model -> its adapters; None: the model answered no listing (its adapter
+    # control is off), so its adapters are not listed and requests name them unchecked.
+    adapters: dict[str, list[str] | None]
     taken_at: float
 
     def ids(self) -> list[str]:
         return [
             ModelId(model, adapter).id
             for model, names in self.adapters.items()
-            for adapter in [None, *names]
+            for adapter in [None, *(names or [])]
         ]
+
+    def serves(self, wanted: ModelId) -> bool:
+        names = self.adapters.get(wanted.triton_model, [])
+        return wanted.adapter is None or names is None or wanted.adapter in names
 
 
 class ModelCatalog:
@@ -83,8 +89,8 @@ class ModelCatalog:
         )
         adapters = {}
         for model, answer in zip(models, answers, strict=True):
-            # A model that answers no listing (control off, or busy) still serves its base.
-            adapters[model] = [] if isinstance(answer, BaseException) else answer
+            # A model that answers no listing (control off) still serves; Triton checks names.
+            adapters[model] = None if isinstance(answer, BaseException) else answer
         return Listing(adapters, now)
 
     async def resolve(self, model: str, family: str) -> ModelId:
@@ -101,13 +107,13 @@ class ModelCatalog:
                 "model",
             )
         listing = await self.listing()
-        if wanted.id not in listing.ids():
+        if wanted.triton_model not in listing.adapters or not listing.serves(wanted):
             listing = await self.listing(fresh=True)
         if wanted.triton_model not in listing.adapters:
             raise OpenAIError(
                 503, f"model '{wanted.triton_model}' is not ready on Triton", code="model_not_ready"
             )
-        if wanted.id not in listing.ids():
+        if not listing.serves(wanted):
             raise unknown_model(model, listing.ids())
         return wanted
 

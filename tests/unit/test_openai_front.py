@@ -339,6 +339,15 @@ def test_triton_messages_map_to_http_status(message, status):
     assert set(body) == {"message", "type", "param", "code"} and body["message"] == message
 
 
+def test_listing_without_adapter_control_leaves_adapter_names_to_triton():
+    from lora_openai.models import Listing
+
+    listing = Listing({"whisper_lora": None, "qwen_vl_lora": ["alpha"]}, 0.0)
+    assert listing.ids() == ["whisper_lora", "qwen_vl_lora", "qwen_vl_lora/alpha"]
+    assert listing.serves(parse_model_id("whisper_lora/anything"))
+    assert not listing.serves(parse_model_id("qwen_vl_lora/beta"))
+
+
 def test_model_ids():
     assert parse_model_id("whisper_lora").parameters is None
     parsed = parse_model_id("qwen_vl_lora/alpha")
