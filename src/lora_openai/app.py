@@ -77,14 +77,17 @@ def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
     )
 
 
-async def _errors_as_events(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """After the first byte the status is sent: a later error becomes an error event."""
+async def _errors_as_events(events: AsyncIterator[str], replies) -> AsyncIterator[str]:
+    """After the first byte the status is sent: a later error becomes an error event. However
+    the stream ends (done, error, client gone), the Triton request's stream is closed."""
     try:
         async for event in events:
             yield event
     except OpenAIError as err:
         log.warning("stream ended with %s: %s", err.status, err.message)
         yield sse(err.body())
+    finally:
+        await replies.aclose()
 
 
 def create_app(
@@ -176,7 +179,7 @@ def create_app(
                     sent += text
                     if text:
                         yield sse(audio.delta_event(text))
-                else:
+                else:  # whisper_lora's final response carries the whole text
                     if text.startswith(sent) and len(text) > len(sent):
                         yield sse(audio.delta_event(text[len(sent) :]))
                     yield sse(audio.done_event(text))
@@ -184,7 +187,7 @@ def create_app(
                 reply = await _first(replies)
             yield sse(audio.done_event(sent))
 
-        return _event_stream(_errors_as_events(events()))
+        return _event_stream(_errors_as_events(events(), replies))
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
@@ -266,7 +269,7 @@ def create_app(
                 yield sse(chunks.usage_chunk())
             yield sse("[DONE]")
 
-        return _event_stream(_errors_as_events(events()))
+        return _event_stream(_errors_as_events(events(), replies))
 
     return app
 
