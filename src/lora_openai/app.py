@@ -86,6 +86,9 @@ async def _errors_as_events(events: AsyncIterator[str], replies) -> AsyncIterato
     except OpenAIError as err:
         log.warning("stream ended with %s: %s", err.status, err.message)
         yield sse(err.body())
+    except asyncio.CancelledError:
+        log.info("client disconnected: streamed request cancelled")
+        raise
     finally:
         await replies.aclose()
 

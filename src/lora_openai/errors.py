@@ -20,6 +20,8 @@ _TYPES = {
 # (substring of a Triton error message, HTTP status, OpenAI code); first match wins.
 _TRITON_MESSAGES = (
     ("unknown adapter", 404, "model_not_found"),
+    ("byte limit", 413, "request_too_large"),  # qwen_vl_lora: an image over max_payload_bytes
+    ("bytes; at most", 413, "request_too_large"),  # whisper_lora: audio over max_payload_bytes
     ("request for unknown model", 404, "model_not_found"),
     ("is not ready", 503, "model_not_ready"),
     ("cannot be served", 503, "adapter_unavailable"),

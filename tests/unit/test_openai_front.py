@@ -323,6 +323,8 @@ def test_completion_and_chunks():
     ("message", "status"),
     [
         ("unknown adapter 'gamma'; available: alpha, beta", 404),
+        ("image[0] is 70000000 bytes, over the 67108864 byte limit", 413),
+        ("input 'audio_file' holds 70000000 bytes; at most 67108864 allowed", 413),
         ("Request for unknown model: 'x' is not found", 404),
         ("Request for unknown model: 'whisper_lora' has no available versions", 404),
         ("adapter 'a' cannot be served: its checked snapshot ... was changed", 503),
@@ -547,3 +549,29 @@ def test_client_shows_a_transcription_as_curl_and_openai_code(tmp_path):
         "-F", "beam_size=5", "-F", "vad_filter=true",
     ]  # fmt: skip
     compile(ex.speech_python("http://h:9/v1", tmp_path / "s.wav", *request), "s", "exec")
+
+
+def test_the_launcher_starts_and_stops_the_front_and_it_answers_503_without_triton():
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from lora_serving.launcher import OpenAIFront
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    front = OpenAIFront(ports[0], ports[1])  # nothing listens on the "Triton" port
+    try:
+        front.wait_listening(timeout_s=60)
+        for path in ("/health", "/v1/models"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(front.url + path, timeout=30)
+            assert refused.value.code == 503
+            error = json.loads(refused.value.read())["error"]
+            assert error["type"] == "service_unavailable" and "is not ready" in error["message"]
+    finally:
+        front.stop()
+    assert front.process.returncode is not None
