@@ -1,10 +1,13 @@
 """The front's only way to Triton: tritonclient.grpc.aio on one channel.
 
-Every request is one bidirectional gRPC stream (both models are decoupled). Leaving the
-`stream()` generator early (a client that disconnected, an error, a `break`) cancels the gRPC
-call, and Triton then cancels the request inside the model: its engine work stops.
+Every request is one bidirectional gRPC stream (both models are decoupled). A complete request
+ends its stream as tritonclient's own stream does: half-closed after the final response, then
+read to its end. Leaving the `stream()` generator early (a client that disconnected, a
+`break`) cancels the gRPC call instead, and Triton cancels the request inside the model: its
+engine work stops.
 """
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -50,6 +53,19 @@ def _unreachable(url: str, err: grpc.aio.AioRpcError) -> OpenAIError:
     return from_triton(err.details() or str(err))
 
 
+async def _drain(call, timeout_s: float = 5.0) -> None:
+    """Read a finished stream to its end (Triton closes it after the half-close)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for _ in call:
+                pass
+    except (TimeoutError, grpc.aio.AioRpcError):
+        call.cancel()
+    except asyncio.CancelledError:
+        call.cancel()
+        raise
+
+
 class TritonGateway:
     """Async gRPC client of one tritonserver; `close()` when the app stops."""
 
@@ -81,22 +97,34 @@ class TritonGateway:
         if parameters:
             request["parameters"] = parameters
 
+        final_seen = asyncio.Event()
+
         async def requests():
             yield request
+            # Half-close the stream only once the request is complete, as tritonclient's
+            # stop_stream() does: then Triton ends the stream itself, with nothing to cancel.
+            await final_seen.wait()
 
         call = self._client.stream_infer(requests())
+        complete = False
         try:
             async for result, error in call:
-                if error is not None:
+                if error is not None:  # an error response is the request's last
+                    complete = True
                     raise from_triton(str(error.message()))
                 reply = _reply(result)
+                complete = reply.final
                 yield reply
-                if reply.final:
+                if complete:
                     return
         except grpc.aio.AioRpcError as err:
             raise _unreachable(self.url, err) from None
         finally:
-            call.cancel()  # a no-op once the stream has ended; otherwise Triton cancels it
+            final_seen.set()
+            if complete:
+                await _drain(call)
+            else:  # left early (client gone, error): Triton cancels the request
+                call.cancel()
 
     async def complete(self, model: str, fields: dict, parameters: dict | None = None) -> Reply:
         """Send one request and return its final response (outputs of non-final responses are
