@@ -5,9 +5,11 @@ PY := $(VENV)/bin/python
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
+# The OpenAI-compatible front (lora-openai) that `make serve` starts beside tritonserver; 0: off.
+OPENAI_PORT ?= 9000
 
 .PHONY: setup serve test test-unit lint lint-deploy lock lock-gpu lock-lint lock-genai-perf image \
-	clean-models \
+	lock-openai-sdk clean-models \
 	gpu-venv gpu-check
 
 # Idempotent: a finished step takes a second or two, so the other targets always run it.
@@ -16,7 +18,7 @@ setup:
 
 serve: setup
 	@$(PY) -m lora_serving.launcher --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
-		--metrics-port $(METRICS_PORT)
+		--metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT)
 
 # The whole suite: unit tests, engine tests and end-to-end tests through one real tritonserver.
 test: setup
@@ -66,6 +68,11 @@ lock-lint: setup
 lock-genai-perf: setup
 	@$(VENV)/bin/uv pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 		requirements/genai-perf.in -o requirements/genai-perf.txt
+
+# The openai SDK's own environment (scripts/openai_sdk.sh; tests/e2e/test_openai_api.py).
+lock-openai-sdk: setup
+	@$(VENV)/bin/uv pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+		requirements/openai-sdk.in -o requirements/openai-sdk.txt
 
 clean-models:
 	rm -rf demo_models

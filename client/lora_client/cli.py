@@ -7,6 +7,7 @@ lora-client transcribe speech.wav [--adapter alpha] [--language de] [--task tran
 lora-client describe photo.png --prompt "What is shown?" [--adapter alpha] [--stream]
 lora-client describe --video f0.png f1.png f2.png --video-fps 2 --prompt "What happens?"
 lora-client list-adapters [--model qwen_vl_lora] [--json]
+lora-client transcribe|describe ... --show curl|openai   the same request through the OpenAI API
 lora-client adapters rescan|load NAME [PATH]|unload NAME --model qwen_vl_lora
 """
 
@@ -16,6 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from lora_client import openai_examples
 from lora_client.requests import (
     RequestError,
     adapter_command,
@@ -35,6 +37,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     parser.add_argument("--max-tokens", type=int)
     parser.add_argument("--model", help="Triton model name")
+    parser.add_argument(
+        "--show",
+        choices=["curl", "openai"],
+        help="print this request for the OpenAI-compatible API (lora-openai) as a curl command "
+        "or as openai SDK code, instead of sending it",
+    )
+    parser.add_argument(
+        "--openai-url",
+        default=openai_examples.DEFAULT_BASE_URL,
+        help=f"base URL for --show (default {openai_examples.DEFAULT_BASE_URL})",
+    )
 
 
 def _print_replies(replies, *, stream: bool, final_is_full_text: bool):
@@ -118,6 +131,46 @@ def _decoding(args) -> dict:
     return decoding
 
 
+def _show(args) -> None:
+    """transcribe / describe --show: the request as curl or openai SDK code."""
+    base = args.openai_url.rstrip("/")
+    if args.command == "transcribe":
+        model = openai_examples.model_id(args.model or "whisper_lora", args.adapter)
+        decoding = _decoding(args)
+        if args.max_tokens:
+            decoding["max_tokens"] = args.max_tokens
+        for path in args.files:
+            request = openai_examples.speech_request(
+                path,
+                model,
+                task=args.task,
+                language=args.language,
+                prompt=args.prompt,
+                timestamps=args.timestamps,
+                stream=args.stream,
+                decoding=decoding,
+            )
+            show = (
+                openai_examples.speech_curl
+                if args.show == "curl"
+                else (openai_examples.speech_python)
+            )
+            print(show(base, path, *request))
+        return
+    if args.video:
+        raise RequestError("the OpenAI API here takes images, not video: drop --video")
+    body: dict = {
+        "model": openai_examples.model_id(args.model or "qwen_vl_lora", args.adapter),
+        "messages": openai_examples.chat_messages(args.prompt, args.images, args.system_prompt),
+    }
+    if args.max_tokens:
+        body["max_tokens"] = args.max_tokens
+    if args.stream:
+        body["stream"] = True
+    show = openai_examples.chat_curl if args.show == "curl" else openai_examples.chat_python
+    print(show(base, body, list(args.images)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lora-client", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -187,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in ("list-adapters", "adapters"):
             _adapters(args, url)
+        elif getattr(args, "show", None):
+            _show(args)
         elif args.command == "transcribe":
             for path in args.files:
                 fields = transcription_fields(

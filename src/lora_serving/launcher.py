@@ -1,6 +1,7 @@
 """Start the tritonserver laid out by `make setup` with the environment its Python backend needs.
 
-Used by `make serve` and by the test suite, so both run the server the same way:
+Used by `make serve` and by the test suite, so both run the server the same way (`make serve`
+also starts the OpenAI-compatible front, `lora-openai`, beside it: `OpenAIFront`):
 - LD_LIBRARY_PATH: the venv's own libpython first (the backend stub embeds it), then the
   libraries shipped with the server;
 - PATH: the venv first (the stub and vLLM's EngineCore start the first `python3` they find);
@@ -158,6 +159,70 @@ class TritonServer:
             self._log.close()
 
 
+class OpenAIFront:
+    """A running `lora-openai` (src/lora_openai) talking to a tritonserver's gRPC port, in its
+    own process group; `stop()` ends it. It holds no model, so it starts in about a second."""
+
+    def __init__(
+        self, triton_grpc: int, port: int, *, host="127.0.0.1", log_path: Path | None = None
+    ):
+        self.port, self.host = port, host
+        self.log_path = log_path
+        self._log = open(log_path, "wb") if log_path else None  # noqa: SIM115 - lives with it
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lora_openai",
+                "--triton-url",
+                f"127.0.0.1:{triton_grpc}",
+                "--host",
+                host,
+                "--port",
+                str(port),
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT if self._log else None,
+            start_new_session=True,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def wait_listening(self, timeout_s: float = 60) -> None:
+        """Until it answers HTTP (any status: Triton may still be loading)."""
+        import urllib.error
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"lora-openai exited with {self.process.returncode}")
+            try:
+                urllib.request.urlopen(f"{self.url}/health", timeout=2).close()
+                return
+            except urllib.error.HTTPError:
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise TimeoutError(f"lora-openai not listening on {self.url} after {timeout_s:.0f} s")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        if self._log:
+            self._log.close()
+
+
 def _interrupt(*_):
     raise KeyboardInterrupt
 
@@ -169,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     parser.add_argument(
         "--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002))
+    )
+    parser.add_argument(
+        "--openai-port",
+        type=int,
+        default=int(os.environ.get("OPENAI_PORT", 9000)),
+        help="port of the OpenAI-compatible front (lora-openai); 0: do not start it",
     )
     parser.add_argument("extra", nargs="*", help="more tritonserver arguments (after --)")
     args = parser.parse_args(argv)
@@ -185,12 +256,18 @@ def main(argv: list[str] | None = None) -> int:
         extra_args=extra,
     )
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
+    front = None
     try:
         seconds = server.wait_ready(timeout_s=900)
+        openai = ""
+        if args.openai_port:
+            front = OpenAIFront(args.grpc_port, args.openai_port)
+            front.wait_listening()
+            openai = f", OpenAI API {front.url}/v1"
         print(
             f"\ntritonserver ready in {seconds:.0f} s: HTTP 127.0.0.1:{args.http_port}, "
-            f"gRPC 127.0.0.1:{args.grpc_port}, metrics 127.0.0.1:{args.metrics_port}/metrics. "
-            "Ctrl-C stops it.",
+            f"gRPC 127.0.0.1:{args.grpc_port}, metrics 127.0.0.1:{args.metrics_port}/metrics"
+            f"{openai}. Ctrl-C stops it.",
             flush=True,
         )
         server.process.wait()
@@ -200,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{err}; what its processes are doing:\n{server.python_stacks()}", flush=True)
         return 1
     finally:
+        if front is not None:
+            front.stop()
         server.stop()
     return server.process.returncode or 0
 

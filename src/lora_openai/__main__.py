@@ -1,0 +1,3 @@
+from lora_openai.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,282 @@
+"""The FastAPI app: thin routes (parse -> Triton over gRPC -> OpenAI body or server-sent events).
+
+`create_app(settings, gateway=...)` builds it; the gateway (lora_openai.triton.TritonGateway
+unless a test passes another) is created when the app starts and closed when it stops. More
+routes (issue 16's /metrics) are added the same way: a function registered on the app.
+"""
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lora_openai import audio, chat
+from lora_openai.errors import OpenAIError, bad_request, unknown_model
+from lora_openai.limits import BodySizeLimit
+from lora_openai.models import ModelCatalog
+from lora_openai.triton import TritonGateway
+
+log = logging.getLogger("lora_openai")
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FrontSettings:
+    triton_url: str = "127.0.0.1:8001"
+    max_body_bytes: int = 25 * MiB  # OpenAI's own audio upload limit
+    allow_image_urls: bool = False  # fetch http(s) image_url parts (off: data URLs only)
+    image_fetch_timeout_s: float = 10.0
+    models_ttl_s: float = 1.0
+
+
+def sse(payload: dict | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+async def until_disconnected(request: Request, work: Awaitable):
+    """Await `work` unless the client goes away first; then cancel it (its Triton request is
+    cancelled with it) and raise OpenAIError 499. The body must already have been read."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        log.info("client disconnected: request cancelled")
+        raise OpenAIError(499, "client disconnected", code="cancelled")
+    return task.result()
+
+
+async def _first(stream: AsyncIterator):
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        return None
+
+
+def _event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _errors_as_events(events: AsyncIterator[str], replies) -> AsyncIterator[str]:
+    """After the first byte the status is sent: a later error becomes an error event. However
+    the stream ends (done, error, client gone), the Triton request's stream is closed."""
+    try:
+        async for event in events:
+            yield event
+    except OpenAIError as err:
+        log.warning("stream ended with %s: %s", err.status, err.message)
+        yield sse(err.body())
+    except asyncio.CancelledError:
+        log.info("client disconnected: streamed request cancelled")
+        raise
+    finally:
+        await replies.aclose()
+
+
+def create_app(
+    settings: FrontSettings,
+    gateway_factory: Callable[[str], TritonGateway] = TritonGateway,
+) -> FastAPI:
+    state: dict = {}
+
+    async def lifespan(app):
+        gateway = gateway_factory(settings.triton_url)
+        state["gateway"] = gateway
+        state["catalog"] = ModelCatalog(gateway, ttl_s=settings.models_ttl_s)
+        try:
+            yield
+        finally:
+            await gateway.close()
+
+    app = FastAPI(title="lora-serving OpenAI API", lifespan=lifespan)
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request: Request, err: OpenAIError):
+        if err.status >= 500:
+            log.warning("%s %s -> %s: %s", request.method, request.url.path, err.status, err)
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException):
+        return JSONResponse(OpenAIError(err.status_code, str(err.detail)).body(), err.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, err: Exception):
+        log.exception("%s %s failed", request.method, request.url.path)
+        return JSONResponse(OpenAIError(500, f"internal error: {err!r}").body(), 500)
+
+    @app.get("/health")
+    async def health():
+        if await state["gateway"].server_ready():
+            return {"status": "ok"}
+        raise OpenAIError(503, f"Triton at {settings.triton_url} is not ready", code="not_ready")
+
+    @app.get("/v1/models")
+    async def list_models():
+        return await state["catalog"].openai_list()
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str):
+        for item in (await state["catalog"].openai_list())["data"]:
+            if item["id"] == model_id:
+                return item
+        listing = await state["catalog"].listing()
+        raise unknown_model(model_id, listing.ids())
+
+    async def speech(request: Request, task: str) -> Response:
+        form = await request.form(max_files=1, max_fields=100)
+        items, audio_bytes = [], None
+        for name, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                if name != "file":
+                    raise bad_request(f"unexpected file in form field '{name}'", name)
+                audio_bytes = await value.read()
+            else:
+                items.append((name, value))
+        parsed = audio.parse_form(task, items, audio_bytes)
+        model = await state["catalog"].resolve(parsed.model, "audio")
+        replies = state["gateway"].stream(
+            model.triton_model, parsed.triton_fields(), model.parameters
+        )
+        log.info("%s model=%s format=%s", task, model.id, parsed.response_format)
+        if not parsed.stream:
+            outputs: dict = {}
+
+            async def collect():
+                async for reply in replies:
+                    outputs.update(reply.outputs)
+
+            await until_disconnected(request, collect())
+            media_type, body = audio.render(parsed, outputs)
+            if isinstance(body, dict):
+                return JSONResponse(body)
+            return PlainTextResponse(body, media_type=media_type)
+        first = await until_disconnected(request, _first(replies))
+
+        async def events():
+            sent = ""
+            reply = first
+            while reply is not None:
+                text = reply.outputs.get("text_output", "")
+                if not reply.final:
+                    sent += text
+                    if text:
+                        yield sse(audio.delta_event(text))
+                else:  # whisper_lora's final response carries the whole text
+                    if text.startswith(sent) and len(text) > len(sent):
+                        yield sse(audio.delta_event(text[len(sent) :]))
+                    yield sse(audio.done_event(text))
+                    return
+                reply = await _first(replies)
+            yield sse(audio.done_event(sent))
+
+        return _event_stream(_errors_as_events(events(), replies))
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(request: Request):
+        return await speech(request, "transcribe")
+
+    @app.post("/v1/audio/translations")
+    async def translations(request: Request):
+        return await speech(request, "translate")
+
+    async def load_images(urls: list[str]) -> list[bytes]:
+        images = []
+        for index, url in enumerate(urls):
+            if chat.is_remote(url):
+                images.append(await fetch_image(url, index))
+            else:
+                images.append(chat.decode_image_url(url, index, settings.max_body_bytes))
+        return images
+
+    async def fetch_image(url: str, index: int) -> bytes:
+        if not settings.allow_image_urls:
+            raise bad_request(
+                f"image {index}: remote image URLs are refused by this server; send the image "
+                "as a data URL (data:image/png;base64,...), or start lora-openai with "
+                "--allow-image-urls",
+                "messages",
+            )
+        import httpx
+
+        try:
+            async with httpx.AsyncClient(timeout=settings.image_fetch_timeout_s) as client:
+                async with client.stream("GET", url, follow_redirects=True) as response:
+                    response.raise_for_status()
+                    data = bytearray()
+                    async for chunk in response.aiter_bytes():
+                        data += chunk
+                        if len(data) > settings.max_body_bytes:
+                            raise OpenAIError(413, f"image {index} at {url} is too large")
+                    return bytes(data)
+        except httpx.HTTPError as err:
+            raise bad_request(f"image {index}: could not fetch {url}: {err}", "messages") from None
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        try:
+            body = await request.json()
+        except ValueError:
+            raise bad_request("the request body is not valid JSON") from None
+        parsed = chat.parse_request(body)
+        model = await state["catalog"].resolve(parsed.model, "chat")
+        prompt = chat.build_prompt(parsed.messages)
+        sampling = chat.sampling_parameters(parsed)
+        images = await load_images(prompt.image_urls)
+        fields = chat.triton_fields(prompt, images, sampling, stream=parsed.stream)
+        replies = state["gateway"].stream(model.triton_model, fields, model.parameters)
+        log.info("chat model=%s stream=%s images=%d", model.id, parsed.stream, len(images))
+        if not parsed.stream:
+            outputs: dict = {}
+
+            async def collect():
+                async for reply in replies:
+                    outputs.update(reply.outputs)
+
+            await until_disconnected(request, collect())
+            return JSONResponse(chat.completion(model.id, outputs))
+        include_usage = bool((parsed.stream_options or {}).get("include_usage"))
+        chunks = chat.ChunkStream(model.id, include_usage=include_usage)
+        first = await until_disconnected(request, _first(replies))
+
+        async def events():
+            yield sse(chunks.first())
+            reply = first
+            while reply is not None:
+                for chunk in chunks.reply(reply.outputs):
+                    yield sse(chunk)
+                if reply.final:
+                    break
+                reply = await _first(replies)
+            if include_usage:
+                yield sse(chunks.usage_chunk())
+            yield sse("[DONE]")
+
+        return _event_stream(_errors_as_events(events(), replies))
+
+    return app
+
+
+def build(settings: FrontSettings) -> BodySizeLimit:
+    """The ASGI application uvicorn serves: the app behind the body size limit."""
+    return BodySizeLimit(create_app(settings), max_bytes=settings.max_body_bytes)

@@ -1,0 +1,47 @@
+"""lora-openai: the OpenAI-compatible API in front of a running tritonserver.
+
+lora-openai --triton-url 127.0.0.1:8001 --port 9000 [--host 127.0.0.1] [--allow-image-urls]
+"""
+
+import argparse
+import logging
+import os
+
+from lora_openai.app import FrontSettings, MiB, build
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--triton-url",
+        default=f"127.0.0.1:{os.environ.get('GRPC_PORT', 8001)}",
+        help="Triton's gRPC address, HOST:PORT (default 127.0.0.1:$GRPC_PORT or :8001)",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("OPENAI_PORT", 9000)))
+    parser.add_argument(
+        "--max-body-mb", type=float, default=25, help="request size limit (413 above it)"
+    )
+    parser.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch http(s) image_url parts (default: data URLs / base64 only)",
+    )
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    settings = FrontSettings(
+        triton_url=args.triton_url,
+        max_body_bytes=int(args.max_body_mb * MiB),
+        allow_image_urls=args.allow_image_urls,
+    )
+    import uvicorn
+
+    uvicorn.run(build(settings), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
