@@ -5,7 +5,7 @@
 #   k8s/*.yaml                     Kubernetes' JSON schemas, strict (no unknown fields), for the
 #                                  oldest and newest Kubernetes versions we target
 #   docker/compose.yaml, k8s/      yamllint
-#   docker/entrypoint.sh, scripts/{lint_deploy,gpu_check,gpu_venv,genai_perf}.sh    shellcheck
+#   docker/entrypoint.sh, scripts/{lint_deploy,gpu_check,gpu_venv,genai_perf,openai_sdk,peer_env}.sh  shellcheck
 #   requirements/, pyproject.toml  the GPU lock's inputs, the `gpu` extra and the CPU lock's inputs
 #                                  each resolve (uv pip compile; needs the package index)
 # The cross-checks between these files (ports, labels, volumes, model.json paths, metric names)
@@ -24,7 +24,7 @@ TOOLS=$CACHE/lint-tools
 KUBE_VERSIONS=(1.30.0 1.37.0)
 MANIFESTS=(k8s/pvc.yaml k8s/deployment.yaml k8s/service.yaml k8s/hpa.yaml)
 SHELL_SCRIPTS=(docker/entrypoint.sh scripts/lint_deploy.sh scripts/gpu_check.sh scripts/gpu_venv.sh
-  scripts/genai_perf.sh)
+  scripts/genai_perf.sh scripts/openai_sdk.sh scripts/peer_env.sh)
 YAMLLINT_CONFIG='{extends: default, rules: {line-length: {max: 100}, document-start: disable}}'
 
 install_tools() {

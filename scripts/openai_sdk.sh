@@ -7,31 +7,11 @@
 # the SDK talks to lora-openai exactly as from a user's own environment.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-LOCK=$ROOT/requirements/openai-sdk.txt
-CACHE=${LORA_SERVING_CACHE:-$HOME/.cache/lora-serving}
-ENV_DIR=$CACHE/openai-sdk
+# shellcheck source=scripts/peer_env.sh
+source "$ROOT/scripts/peer_env.sh"
+peer_env_install openai-sdk "$ROOT/requirements/openai-sdk.txt"
+ENV_DIR=$PEER_ENV_DIR
 
-install() {
-  local stamp
-  stamp="$ENV_DIR/.lock-$(sha256sum "$LOCK" | cut -c1-16)"
-  [[ -f "$stamp" ]] && return 0
-  echo "openai_sdk: installing $LOCK into $ENV_DIR" >&2
-  local started=$SECONDS
-  rm -rf "$ENV_DIR"
-  local python=${PYTHON:-python3.11}
-  command -v "$python" >/dev/null || python=python3
-  if [[ -x "$ROOT/.venv/bin/uv" ]]; then
-    "$ROOT/.venv/bin/uv" venv -q --python "$(command -v "$python")" "$ENV_DIR"
-    "$ROOT/.venv/bin/uv" pip install --python "$ENV_DIR/bin/python" --no-deps -r "$LOCK" >&2
-  else
-    "$python" -m venv "$ENV_DIR"
-    "$ENV_DIR/bin/python" -m pip install --disable-pip-version-check --no-deps -r "$LOCK" >&2
-  fi
-  touch "$stamp"
-  echo "openai_sdk: installed in $((SECONDS - started)) s" >&2
-}
-
-install
 if [[ "${1:-}" == "--install-only" ]]; then
   "$ENV_DIR/bin/python" -c "import openai; print('openai', openai.__version__)"
   exit 0

@@ -40,6 +40,18 @@ def sse(payload: dict | str) -> str:
     return f"data: {data}\n\n"
 
 
+async def final_outputs(request: Request, replies) -> dict:
+    """A request's outputs once Triton has answered it whole (cancelled if the client leaves)."""
+    outputs: dict = {}
+
+    async def collect():
+        async for reply in replies:
+            outputs.update(reply.outputs)
+
+    await until_disconnected(request, collect())
+    return outputs
+
+
 async def until_disconnected(request: Request, work: Awaitable):
     """Await `work` unless the client goes away first; then cancel it (its Triton request is
     cancelled with it) and raise OpenAIError 499. The body must already have been read."""
@@ -160,13 +172,7 @@ def create_app(
         )
         log.info("%s model=%s format=%s", task, model.id, parsed.response_format)
         if not parsed.stream:
-            outputs: dict = {}
-
-            async def collect():
-                async for reply in replies:
-                    outputs.update(reply.outputs)
-
-            await until_disconnected(request, collect())
+            outputs = await final_outputs(request, replies)
             media_type, body = audio.render(parsed, outputs)
             if isinstance(body, dict):
                 return JSONResponse(body)
@@ -247,13 +253,7 @@ def create_app(
         replies = state["gateway"].stream(model.triton_model, fields, model.parameters)
         log.info("chat model=%s stream=%s images=%d", model.id, parsed.stream, len(images))
         if not parsed.stream:
-            outputs: dict = {}
-
-            async def collect():
-                async for reply in replies:
-                    outputs.update(reply.outputs)
-
-            await until_disconnected(request, collect())
+            outputs = await final_outputs(request, replies)
             return JSONResponse(chat.completion(model.id, outputs))
         include_usage = bool((parsed.stream_options or {}).get("include_usage"))
         chunks = chat.ChunkStream(model.id, include_usage=include_usage)
