@@ -143,18 +143,7 @@ class TritonServer:
 
     def stop(self, grace_s: float = 60.0) -> None:
         """SIGTERM (Triton unloads models, engines shut down), then kill what is left."""
-        group = self.process.pid
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(group, signal.SIGKILL)  # orphaned stubs / EngineCores, if any
-        except ProcessLookupError:
-            pass
-        self.process.wait()
+        _stop_group(self.process, grace_s)  # and orphaned stubs / EngineCores, if any
         if self._log:
             self._log.close()
 
@@ -208,19 +197,24 @@ class OpenAIFront:
         raise TimeoutError(f"lora-openai not listening on {self.url} after {timeout_s:.0f} s")
 
     def stop(self, grace_s: float = 10.0) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
+        _stop_group(self.process, grace_s)
         if self._log:
             self._log.close()
+
+
+def _stop_group(process: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM a process started in its own group, wait up to `grace_s`, then kill the group."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
 
 
 def _interrupt(*_):

@@ -15,6 +15,15 @@ FOX = "The quick brown fox jumps over the lazy dog."
 BIRDS = "She opened the window and listened to the birds singing."
 # A sentence each demo adapter hears differently (espeak-ng's en-us voice, whisper-base).
 FOREST = "Birds and foxes live in the old forest near the river."
+# vllm_backend's additional outputs, on both models: return_<name> inputs, <name> outputs.
+ADDITIONAL_OUTPUTS = {
+    "finish_reason",
+    "cumulative_logprob",
+    "logprobs",
+    "num_input_tokens",
+    "num_output_tokens",
+}
+RETURN_INPUTS = {f"return_{name}" for name in ADDITIONAL_OUTPUTS}
 WHISPER_IO = {
     "inputs": {
         "audio",
@@ -29,22 +38,9 @@ WHISPER_IO = {
         "sampling_parameters",
         "lora_name",
         "adapter_command",
-        "return_finish_reason",
-        "return_cumulative_logprob",
-        "return_logprobs",
-        "return_num_input_tokens",
-        "return_num_output_tokens",
+        *RETURN_INPUTS,
     },
-    "outputs": {
-        "text_output",
-        "language",
-        "segments",
-        "finish_reason",
-        "cumulative_logprob",
-        "logprobs",
-        "num_input_tokens",
-        "num_output_tokens",
-    },
+    "outputs": {"text_output", "language", "segments", *ADDITIONAL_OUTPUTS},
 }
 QWEN_IO = {
     "inputs": {
@@ -59,20 +55,9 @@ QWEN_IO = {
         "exclude_input_in_output",
         "lora_name",
         "adapter_command",
-        "return_finish_reason",
-        "return_cumulative_logprob",
-        "return_logprobs",
-        "return_num_input_tokens",
-        "return_num_output_tokens",
+        *RETURN_INPUTS,
     },
-    "outputs": {
-        "text_output",
-        "finish_reason",
-        "cumulative_logprob",
-        "logprobs",
-        "num_input_tokens",
-        "num_output_tokens",
-    },
+    "outputs": {"text_output", *ADDITIONAL_OUTPUTS},
 }
 
 

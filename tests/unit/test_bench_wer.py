@@ -1,7 +1,6 @@
 """The word-error-rate part of the bench without a server or faster-whisper: the settings sent to
 each side, the sentences, scoring, the report's section and plot, and the bench's imports."""
 
-import ast
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from lora_serving.bench.report import (
     wer_rows,
     wer_section,
 )
+from tests.unit.test_import_boundary import imported_modules
 
 BENCH = Path(wer.__file__).parent
 
@@ -141,20 +141,9 @@ def test_wer_is_a_part_of_every_run_by_default():
 
 
 # ---- imports -----------------------------------------------------------------------------------
-def _imports(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
-
-
 def test_bench_modules_import_each_other_without_a_circle():
     modules = {f"lora_serving.bench.{p.stem}": p for p in BENCH.glob("*.py")}
-    graph = {name: _imports(path) & set(modules) for name, path in modules.items()}
+    graph = {name: imported_modules(path) & set(modules) for name, path in modules.items()}
 
     def reaches(start: str, target: str, seen: set) -> bool:
         for nxt in graph[start] - seen:
@@ -168,5 +157,5 @@ def test_bench_modules_import_each_other_without_a_circle():
 
 
 def test_faster_whisper_script_needs_only_the_standard_library_and_faster_whisper():
-    top = {name.split(".")[0] for name in _imports(wer.PEER_SCRIPT)}
+    top = {name.split(".")[0] for name in imported_modules(wer.PEER_SCRIPT)}
     assert top - set(sys.stdlib_module_names) == {"faster_whisper"}

@@ -9,12 +9,14 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "lora_serving"
 
 
 def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports; `from a import b` counts as a and as a.b (b may be one)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
     return names
 
 
