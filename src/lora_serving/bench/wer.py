@@ -202,14 +202,46 @@ def transcribe_faster_whisper(
     return json.loads(done.stdout)
 
 
+# A start that stalls (Triton sometimes never reports a loaded model: README "Tests") is
+# given up after this long and tried once more.
+STALLED_START_S = 360
+
+
+def start_served(repo: Path, model: str, out: Path, config, log, result: dict):
+    """A ready tritonserver serving `repo`; one more try, Python stacks kept, if it stalls."""
+    from lora_serving.bench.processes import free_port
+    from lora_serving.launcher import TritonServer
+
+    for attempt in (1, 2):
+        server = TritonServer(
+            repo,
+            http=free_port(),
+            grpc=free_port(),
+            metrics=free_port(),
+            extra_args=["--log-verbose=0"],
+            log_path=out / f"tritonserver-wer{'' if attempt == 1 else '-2'}.log",
+        )
+        log(f"   starting tritonserver with {model} only")
+        timeout_s = min(config.server_start_timeout_s, STALLED_START_S)
+        try:
+            result["server_start_s"] = server.wait_ready(timeout_s=timeout_s)
+            return server
+        except TimeoutError:
+            (out / f"tritonserver-wer-stacks-{attempt}.txt").write_text(server.python_stacks())
+            server.stop()
+            if attempt == 2:
+                raise
+            log(f"   tritonserver not ready after {timeout_s} s (stacks kept); once more")
+    raise AssertionError("unreachable")
+
+
 def measure(config, out: Path, log, meter) -> dict:
     """The whole part: speech, whisper_lora on a tritonserver of its own (only that model), then
     faster-whisper once the server is stopped. Returns what results.json keeps under "wer"."""
     from lora_serving.bench import peer_env
     from lora_serving.bench.hf_whisper import cores_in_bind
-    from lora_serving.bench.processes import free_port
     from lora_serving.bench.repository import build_served_only
-    from lora_serving.launcher import REPO_ROOT, TritonServer
+    from lora_serving.launcher import REPO_ROOT
 
     work = config.results_dir / "work"
     files, audio_s = speech_files(work / "wer-speech")
@@ -236,17 +268,8 @@ def measure(config, out: Path, log, meter) -> dict:
     bind = bind.get("environment", {}).get("VLLM_CPU_OMP_THREADS_BIND")
     threads = config.wer_threads or cores_in_bind(bind, os.cpu_count() or 1)
     result["threads"] = threads
-    server = TritonServer(
-        repo,
-        http=free_port(),
-        grpc=free_port(),
-        metrics=free_port(),
-        extra_args=["--log-verbose=0"],
-        log_path=out / "tritonserver-wer.log",
-    )
+    server = start_served(repo, model, out, config, log, result)
     try:
-        log(f"   starting tritonserver with {model} only")
-        result["server_start_s"] = server.wait_ready(timeout_s=config.server_start_timeout_s)
         url = f"127.0.0.1:{server.grpc}"
         for setting in SETTINGS:
             meter.start()
