@@ -10,8 +10,9 @@ no segment. The last attempt is kept when every one fails.
 The average log-probability is transformers' and openai-whisper's: the sum over the output
 tokens (end of text included) of log_softmax of the logits after Whisper's decoding rules,
 divided by their number. vLLM reports the log-probability of what it sampled from, so at a
-temperature T > 0 ours is taken from the distribution at T, as faster-whisper's is (CTranslate2
-scores the sampled tokens after the temperature), where openai-whisper rescales to T = 1. The
+temperature T > 0 ours is taken from the distribution at T, where openai-whisper and
+faster-whisper (CTranslate2 gathers the scores before the temperature) take it at T = 1: a known
+difference (README), exact at T = 0. The
 compression ratio is openai-whisper's and faster-whisper's (gzip of the text's UTF-8 bytes;
 transformers compresses token ids instead).
 
