@@ -57,6 +57,9 @@ class GenerationChunk:
 
 # A one-shot generation used by `GenerationJob.prepare`: (prompt, sampling kwargs) -> final chunk.
 Generate = Callable[[Any, dict[str, Any]], Awaitable[GenerationChunk]]
+# A key of a Stream call's sampling dict, not a SamplingParams field: true asks for the final
+# chunk only, even when the job streams (Whisper's sampled retries: nothing of them is sent live).
+FINAL_ONLY = "final_only"
 # The engine's stream for `GenerationJob.decode`: (prompt, sampling kwargs) -> chunks of one
 # engine request, with the job's adapter, streaming mode and cancellation already bound.
 Stream = Callable[[Any, dict[str, Any]], AsyncIterator[GenerationChunk]]

@@ -121,3 +121,32 @@ def test_digital_silence_is_not_decoded():
 
     (chunk,) = asyncio.run(collect())
     assert chunk.finished and chunk.text == "" and outcomes[0].silent
+
+
+def test_a_sampled_attempt_is_scored_at_temperature_one():
+    """log_softmax(T * log_softmax(z / T)) = log_softmax(z): openai-whisper's and
+    faster-whisper's average log-probability of a sampled retry."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from lora_serving.tasks.whisper_quality import at_temperature_one
+
+    rng = np.random.default_rng(0)
+    logits = [rng.normal(size=40) for _ in range(3)]
+    logits[1][5] = -np.inf  # a token the decoding rules removed
+    temperature, tokens = 0.6, [3, 7, 11]
+
+    def log_softmax(z):
+        return z - np.log(np.exp(z - z.max()).sum()) - z.max()
+
+    rows = [
+        {i: SimpleNamespace(logprob=v) for i, v in enumerate(log_softmax(z / temperature))}
+        for z in logits
+    ]
+    chunk = GenerationChunk("x", "x", tokens, [-9.0] * 3, 4, "stop", top_logprobs=rows)
+    rescaled = at_temperature_one(chunk, temperature)
+    expected = [log_softmax(z)[t] for z, t in zip(logits, tokens, strict=True)]
+    assert rescaled.logprobs == pytest.approx(expected, abs=1e-9)
+    assert rescaled.top_logprobs is None
+    assert at_temperature_one(GenerationChunk("x", "x", [1], [-0.5], 4), 0.6).logprobs == [-0.5]

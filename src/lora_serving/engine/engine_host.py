@@ -23,7 +23,7 @@ from lora_serving.adapters import Adapter
 from lora_serving.engine.job_guard import JobGuard
 from lora_serving.engine.lora_slots import ENCODER_COUNTS_METHOD, EXTENSION, SLOT_IDS_METHOD
 from lora_serving.errors import EngineUnavailable, RequestCancelled, ServingError, UnknownAdapter
-from lora_serving.jobs import GenerationChunk, GenerationJob
+from lora_serving.jobs import FINAL_ONLY, GenerationChunk, GenerationJob
 from lora_serving.metrics import (
     CANCELLED,
     ERROR,
@@ -317,11 +317,11 @@ class EngineHost:
         first_token_s = None
         counts = (0, 0)  # prompt, generated tokens so far
         try:
+            sampling = dict(sampling)
+            live = stream and not sampling.pop(FINAL_ONLY, False)
             params = SamplingParams(
                 **_with_structured_outputs(sampling),
-                output_kind=RequestOutputKind.CUMULATIVE
-                if stream
-                else RequestOutputKind.FINAL_ONLY,
+                output_kind=RequestOutputKind.CUMULATIVE if live else RequestOutputKind.FINAL_ONLY,
             )
             async for output in engine.generate(
                 prompt, params, request_id, lora_request=lora_request

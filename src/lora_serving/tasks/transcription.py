@@ -26,7 +26,7 @@ import numpy as np
 from lora_serving import audio
 from lora_serving.adapters import AdapterCatalog
 from lora_serving.errors import InvalidRequest
-from lora_serving.jobs import GenerationChunk, GenerationJob, RequestPlan, Stream
+from lora_serving.jobs import FINAL_ONLY, GenerationChunk, GenerationJob, RequestPlan, Stream
 from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
 from lora_serving.tasks import additional_outputs, whisper_options, whisper_timestamps, whisper_vad
@@ -35,6 +35,7 @@ from lora_serving.tasks.whisper_beam import BeamOptions, beam_search
 from lora_serving.tasks.whisper_logits import EXTRA_ARG, PROCESSOR, DecodingRules
 from lora_serving.tasks.whisper_quality import (
     QualityRules,
+    at_temperature_one,
     decode_window,
     is_digital_silence,
     silent_window,
@@ -58,9 +59,6 @@ DECODER_LORA_MODULES = (
     "mlp.fc1",
     "mlp.fc2",
 )
-# Top log-probabilities an engine request may return (engine argument max_logprobs): a beam step
-# asks for 2 x beam_size plus every suppressed token (whisper_beam).
-MAX_LOGPROBS = 256
 
 
 class TranscriptionTask:
@@ -100,7 +98,9 @@ class TranscriptionTask:
         # transformers' no-speech token: the one before <|notimestamps|> (<|nospeech|>, named
         # <|nocaptions|> in the first multilingual vocabularies).
         self.special["nospeech"] = self.special["notimestamps"] - 1
-        self.max_logprobs = int(settings.engine_args.get("max_logprobs") or MAX_LOGPROBS)
+        self.max_logprobs = int(settings.engine_args.get("max_logprobs", -1))
+        if self.max_logprobs < 0:
+            self.max_logprobs = vocab_size
         self._decoder_prompt_kept: bool | None = None
         self.timestamp_rules = {
             "timestamp_begin": tokenizer.convert_tokens_to_ids("<|0.00|>"),
@@ -123,7 +123,8 @@ class TranscriptionTask:
             "logits_processors": processors,
             # Log-probabilities after Whisper's decoding rules (whisper_quality's average).
             "logprobs_mode": settings.engine_args.get("logprobs_mode", "processed_logprobs"),
-            "max_logprobs": max(int(settings.engine_args.get("max_logprobs") or 0), MAX_LOGPROBS),
+            # -1: every token's, which a sampled retry needs (whisper_quality.at_temperature_one).
+            "max_logprobs": settings.engine_args.get("max_logprobs", -1),
         }
         if (
             not settings.lora_enabled
@@ -381,6 +382,16 @@ class TranscriptionTask:
         result as one finished chunk."""
         sampling = self._window_sampling(job, ids, temperature)
         beam: BeamOptions = job.context["beam"]
+        if temperature > 0 and job.context["quality"].may_retry:
+            # Held until accepted anyway: every log-probability, to rescale to temperature 1
+            # (not detokenized by vLLM: 51,865 tokens a step would cost more than the decoding).
+            sampling.update(logprobs=-1, **{FINAL_ONLY: True})
+            sampling["detokenize"] = bool(sampling.get("stop"))  # stop strings need the text
+            async for chunk in stream(_whisper_prompt(samples, ids, name), sampling):
+                text = self.tokenizer.decode(chunk.token_ids, skip_special_tokens=True)
+                chunk = dataclasses.replace(chunk, text=text, delta=text)
+                yield at_temperature_one(chunk, temperature)
+            return
         if temperature > 0 or beam.size == 1:
             async for chunk in stream(_whisper_prompt(samples, ids, name), sampling):
                 yield chunk

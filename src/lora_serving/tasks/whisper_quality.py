@@ -9,10 +9,10 @@ no segment. The last attempt is kept when every one fails.
 
 The average log-probability is transformers' and openai-whisper's: the sum over the output
 tokens (end of text included) of log_softmax of the logits after Whisper's decoding rules,
-divided by their number. vLLM reports the log-probability of what it sampled from, so at a
-temperature T > 0 ours is taken from the distribution at T, where openai-whisper and
-faster-whisper (CTranslate2 gathers the scores before the temperature) take it at T = 1: a known
-difference (README), exact at T = 0. The
+divided by their number, at temperature 1 (openai-whisper rescales to it; CTranslate2 gathers the
+scores before the temperature). vLLM reports the log-probabilities of the distribution it sampled
+from, at T; a sampled retry therefore asks for all of them and `at_temperature_one` rescales:
+log_softmax(T * lp_T) = log_softmax(z) for the logits z after the decoding rules. The
 compression ratio is openai-whisper's and faster-whisper's (gzip of the text's UTF-8 bytes;
 transformers compresses token ids instead).
 
@@ -25,6 +25,7 @@ client never receives text that a retry replaces; with one temperature it stream
 """
 
 import asyncio
+import dataclasses
 import math
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -118,6 +119,20 @@ async def silent_window(outcomes: list[WindowOutcome]) -> AsyncIterator[Generati
     """A window of digital silence: no engine request, no text."""
     outcomes.append(WindowOutcome(0.0, 0.0, 0.0, None, attempts=0, silent=True))
     yield GenerationChunk("", "", [], [], 0, "stop")
+
+
+def at_temperature_one(chunk: GenerationChunk, temperature: float) -> GenerationChunk:
+    """A sampled attempt's chunk with each token's log-probability at temperature 1, from the
+    full log-probability rows at `temperature` (top_logprobs, then dropped)."""
+    if not chunk.top_logprobs:
+        return chunk
+    logprobs = []
+    for row, token in zip(chunk.top_logprobs, chunk.token_ids, strict=False):
+        scaled = temperature * np.fromiter((entry.logprob for entry in row.values()), np.float64)
+        top = scaled.max()
+        total = top + np.log(np.exp(scaled - top).sum())
+        logprobs.append(float(temperature * row[token].logprob - total))
+    return dataclasses.replace(chunk, logprobs=logprobs, top_logprobs=None)
 
 
 def compression_ratio(text: str) -> float:
