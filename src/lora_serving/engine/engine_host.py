@@ -318,7 +318,8 @@ class EngineHost:
         counts = (0, 0)  # prompt, generated tokens so far
         try:
             sampling = dict(sampling)
-            live = stream and not sampling.pop(FINAL_ONLY, False)
+            final_only = sampling.pop(FINAL_ONLY, False)  # popped whatever `stream` says
+            live = stream and not final_only
             params = SamplingParams(
                 **_with_structured_outputs(sampling),
                 output_kind=RequestOutputKind.CUMULATIVE if live else RequestOutputKind.FINAL_ONLY,
