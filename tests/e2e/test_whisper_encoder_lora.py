@@ -9,7 +9,8 @@ import pytest
 from tests.conftest import load_16k
 from tests.e2e.triton_calls import grpc_many, grpc_one, sampling
 
-SENTENCE = "The quick brown fox jumps over the lazy dog."
+# Each adapter kind hears this espeak-ng sentence differently from the base (whisper-base).
+SENTENCE = "A quiet sailor fixed the broken chair on the hill."
 KINDS = ["encoder_only", "cross_kv", "alpha", "all_layers"]  # alpha: decoder modules only
 MAX_TOKENS = 40
 
