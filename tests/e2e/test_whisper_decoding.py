@@ -1,7 +1,9 @@
 """whisper_lora decodes like openai-whisper's `transcribe()`, end to end (issue 14):
 beam search equal to transformers' `generate(num_beams=5)` for base and adapters sharing batches,
-with the encoder run once per request (counted on /metrics); silence, noise and a pure tone give
-no text; a window greedy decoding loops on is retried at higher temperatures, visibly.
+with the encoder run once per request (counted on /metrics); beam_rule "faster-whisper" equal to
+faster-whisper itself (its own environment, the same CTranslate2 whisper-base), with and without
+timestamps; silence, noise and a pure tone give no text; a window greedy decoding loops on is
+retried at higher temperatures, visibly.
 """
 
 import json
@@ -93,19 +95,90 @@ def test_beam_search_equals_transformers_and_encodes_each_request_once(
     assert reuses_after - before[1] >= len(runs) + 3 * 5 * 5
 
 
-def test_beams_with_timestamps_are_refused_clearly(grpc_url, speech):
+def test_transformers_beams_with_timestamps_are_refused_clearly(grpc_url, speech):
     fields = {
         "audio_file": speech(SENTENCE).read_bytes(),
         "timestamps": True,
         "sampling_parameters": sampling(beam_size=3),
     }
     outcome = grpc_one(grpc_url, MODEL, fields)
-    assert outcome.error is not None and "beam_size" in outcome.error
+    assert outcome.error is not None and "beam_rule 'faster-whisper'" in outcome.error
 
 
-def test_silence_noise_and_a_tone_give_no_text(grpc_url):
-    """Plain transcripts. (With timestamps on, the all-layer demo adapter still hears a sentence
-    in this noise with openai-whisper's own thresholds; vad_filter removes it.)"""
+def test_faster_whisper_beam_rule_equals_faster_whisper(grpc_url, speech, tmp_path):
+    """Beam 5 by CTranslate2's rule equals faster-whisper's beam 5 on the same whisper-base:
+    a sentence where the two rules disagree (the word error rate bench's), plain, and a longer
+    recording with timestamps, segment by segment."""
+    from lora_serving.bench import peer_env, wer
+    from lora_serving.finetune import corpus
+    from lora_serving.launcher import REPO_ROOT
+
+    (where_rules_differ,) = [u for u in wer.utterances() if "slowly" in u.text]
+    plain = tmp_path / "slowly-16k.wav"
+    wer.write_wav_16k(corpus.load_16k(corpus.synthesise(where_rules_differ, tmp_path)), plain)
+    timed = speech(
+        "The library closes at eight on weekdays. Our flight was delayed by three hours. "
+        "Do you know where I left my car keys?"
+    )
+    arguments = wer.WerSetting("beam5", "", 5).faster_whisper()
+    peer = wer.transcribe_faster_whisper(
+        peer_env.ensure("faster-whisper", REPO_ROOT / wer.PEER_LOCK, print),
+        wer.write_ct2_folder(tmp_path / "ct2-whisper-base"),
+        [plain, timed],
+        1,
+        tmp_path / "job.json",
+        tmp_path / "faster-whisper.log",
+        settings={
+            "plain": arguments,
+            "timestamps": arguments | {"without_timestamps": False},
+        },
+    )
+    options = sampling(beam_size=5, beam_rule="faster-whisper")
+    ours_plain, ours_timed, transformers_rule = grpc_many(
+        grpc_url,
+        MODEL,
+        [
+            (
+                {
+                    "audio_file": plain.read_bytes(),
+                    "language": "en",
+                    "sampling_parameters": options,
+                },
+                None,
+            ),
+            (
+                {
+                    "audio_file": timed.read_bytes(),
+                    "language": "en",
+                    "timestamps": True,
+                    "sampling_parameters": options,
+                },
+                None,
+            ),
+            (
+                {
+                    "audio_file": plain.read_bytes(),
+                    "language": "en",
+                    "sampling_parameters": sampling(beam_size=5),
+                },
+                None,
+            ),
+        ],
+    )
+    assert ours_plain.text.strip() == peer["plain"]["texts"][0]
+    assert transformers_rule.text.strip() != ours_plain.text.strip()  # the rules differ here
+    theirs = peer["timestamps"]["segments"][1]
+    served = json.loads(ours_timed.outputs["segments"][0])
+    assert len(theirs) >= 2
+    assert [s["text"].strip() for s in served] == [s["text"].strip() for s in theirs]
+    for mine, peers in zip(served, theirs, strict=True):
+        assert mine["start"] == pytest.approx(peers["start"], abs=0.011)
+        assert mine["end"] == pytest.approx(peers["end"], abs=0.011)
+
+
+@pytest.mark.parametrize("timestamps", [False, True])
+def test_silence_noise_and_a_tone_give_no_text(grpc_url, timestamps):
+    """No text and no segment, plain and with timestamps, with and without an adapter."""
     seconds = 10 * 16000
     rng = np.random.default_rng(0)
     signals = {
@@ -115,7 +188,7 @@ def test_silence_noise_and_a_tone_give_no_text(grpc_url):
     }
     requests = [
         (
-            {"audio": samples, "language": "en"},
+            {"audio": samples, "language": "en", "timestamps": timestamps},
             {"lora_name": adapter} if adapter else None,
         )
         for samples in signals.values()

@@ -8,12 +8,13 @@ every token (the same bonus on its log-probability, as a transformers logits pro
 """
 
 import asyncio
+import math
 
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from lora_serving.tasks.whisper_beam import BeamOptions, beam_search
+from lora_serving.tasks.whisper_beam import FASTER_WHISPER, BeamOptions, beam_search
 
 VOCAB, EOS = 48, 7
 PROMPT = [3, 11, 5]
@@ -122,3 +123,82 @@ def test_patience_keeps_searching_for_more_hypotheses(model):
     _, plain_calls = ours(model, **kwargs)
     _, patient_calls = ours(model, patience=3.0, **kwargs)
     assert len(patient_calls) > len(plain_calls)
+
+
+# ---- faster-whisper's rule (CTranslate2's search) ----------------------------------------------
+END = 0
+
+
+def table_scorer(table: dict[tuple[int, ...], dict[int, float]], calls: list):
+    """Each prefix's next-token probabilities from a table, as log-probabilities."""
+
+    async def score_next(tokens):
+        calls.append(tuple(tokens))
+        return {token: math.log(p) for token, p in table[tuple(tokens)].items()}
+
+    return score_next
+
+
+def faster_whisper_search(table, *, beams=2, max_tokens=10, **options):
+    calls = []
+    result = asyncio.run(
+        beam_search(
+            table_scorer(table, calls),
+            options=BeamOptions(beams, rule=FASTER_WHISPER, **options),
+            max_tokens=max_tokens,
+            end_of_text=END,
+        )
+    )
+    return result, calls
+
+
+# Two beams. After [1] and [2], the two best continuations end: 2 hypotheses are finished.
+TABLE = {
+    (): {1: 0.6, 2: 0.4},
+    (1,): {END: 0.55, 3: 0.45},
+    (2,): {END: 0.9, 4: 0.1},
+    (1, 3): {END: 1.0},
+    (2, 4): {END: 1.0},
+}
+
+
+def test_faster_whisper_rule_stops_once_n_hypotheses_are_finished():
+    result, calls = faster_whisper_search(TABLE)
+    # [1, END] 0.33 and [2, END] 0.36 are the best two of step 2: both finished, search over.
+    assert calls == [(), (1,), (2,)]
+    # Ranked by sum / length without end of text: log 0.36 / 1 beats log 0.33 / 1.
+    assert result.tokens == [2, END] and result.finish_reason == "stop"
+    assert result.sum_logprob == pytest.approx(math.log(0.36), rel=1e-6)
+    assert result.score == pytest.approx(math.log(0.36), rel=1e-6)
+
+
+def test_faster_whisper_rule_replaces_finished_beams_and_patience_widens_the_pool():
+    table = {
+        (): {1: 0.5, 2: 0.499},
+        (1,): {END: 0.7, 3: 0.3},
+        (2,): {5: 0.2, 6: 0.1, END: 0.699},
+        (1, 3): {END: 1.0},
+        (2, 5): {END: 1.0},
+    }
+    result, calls = faster_whisper_search(table)
+    # Step 2, best first: [1,END] .35, [2,END] .349, [1,3] .15, [2,5] .0998: the best two
+    # ended (2 hypotheses: stop); their places would go to [1,3] and [2,5].
+    assert calls == [(), (1,), (2,)] and result.tokens == [1, END]
+    widened, calls = faster_whisper_search(table, patience=2.0)  # 4 hypotheses wanted
+    assert calls == [(), (1,), (2,), (1, 3), (2, 5)]
+    # log .15 / 2 = -0.95 now beats log .35 / 1 = -1.05
+    assert widened.tokens == [1, 3, END]
+
+
+@pytest.mark.parametrize("length_penalty, expected", [(1.0, [1, 2, END]), (0.0, [END])])
+def test_faster_whisper_rule_ranks_by_length_without_end_of_text(length_penalty, expected):
+    table = {(): {1: 0.6, END: 0.4}, (1,): {2: 0.6, END: 0.4}, (1, 2): {END: 1.0}}
+    # Finished: [END] (log .4, length 0), [1,END] (log .24, 1), [1,2,END] (log .36, 2).
+    result, _ = faster_whisper_search(table, patience=2.0, length_penalty=length_penalty)
+    assert result.tokens == expected
+
+
+def test_faster_whisper_rule_at_max_tokens_finishes_the_best_beams():
+    table = {(): {1: 0.6, END: 0.4}}
+    result, _ = faster_whisper_search(table, max_tokens=1)
+    assert result.tokens == [1] and result.finish_reason == "length"

@@ -121,3 +121,20 @@ def test_the_demo_model_lists_come_from_its_generation_config(tmp_path):
     lists = whisper_options.SuppressionLists.from_model_dir(tmp_path)
     assert lists == whisper_options.SuppressionLists((1, 2), (220, 50257))
     assert whisper_options.SuppressionLists.from_model_dir(tmp_path / "none").non_speech == ()
+
+
+def test_a_beam_step_reads_its_beam_as_sampled():
+    """A beam step's beam is in the decoder prompt: the rules count it as already sampled, so
+    the first-position suppression is over and the timestamp rules continue from it."""
+    rules = DecodingRules(suppress_at_begin=(BLANK, EOT), timestamps=TimestampRules(TS, EOT))
+    first = rules([], flat())
+    assert first[BLANK] == -math.inf and torch.isinf(first[:TS]).all()  # a timestamp opens
+    step = DecodingRules(
+        suppress_at_begin=(BLANK, EOT),
+        timestamps=TimestampRules(TS, EOT),
+        sampled_before=(TS, TEXT),
+    )
+    later = DecodingRules(suppress_at_begin=(BLANK, EOT), sampled_before=(TEXT,))
+    assert later([], flat())[BLANK] == 0  # not the first position any more
+    assert torch.equal(step([], flat()), rules([TS, TEXT], flat()))
+    assert DecodingRules.from_extra_arg(step.as_extra_arg()) == step

@@ -7,10 +7,10 @@ faster_whisper, never lora_serving.
 JOB.json: {"model_dir": folder with model.bin, config.json, tokenizer.json, vocabulary.txt,
            "threads": CTranslate2 cpu_threads, "files": [audio paths],
            "settings": {name: keyword arguments of WhisperModel.transcribe}}
-Prints one JSON object to stdout: {name: {"texts": [...], "seconds": [...]}}, one entry per file,
-in order; each setting first transcribes the first file once, untimed (warm-up). A file's time
-covers transcribe() and consuming its segments (decoding the file included, as the server
-decodes the file it is sent).
+Prints one JSON object to stdout: {name: {"texts": [...], "seconds": [...], "segments": [...]}},
+one entry per file, in order (a file's segments: [{"start", "end", "text"}]); each setting first
+transcribes the first file once, untimed (warm-up). A file's time covers transcribe() and
+consuming its segments (decoding the file included, as the server decodes the file it is sent).
 """
 
 import json
@@ -26,19 +26,21 @@ def run(job: dict) -> dict:
         job["model_dir"], device="cpu", compute_type="float32", cpu_threads=job["threads"]
     )
 
-    def transcribe(path: str, options: dict) -> str:
+    def transcribe(path: str, options: dict) -> list:
         segments, _ = model.transcribe(path, **options)
-        return "".join(segment.text for segment in segments).strip()
+        return list(segments)
 
     results = {}
     for name, options in job["settings"].items():
         transcribe(job["files"][0], options)
-        texts, seconds = [], []
+        texts, seconds, kept = [], [], []
         for path in job["files"]:
             started = time.perf_counter()
-            texts.append(transcribe(path, options))
+            segments = transcribe(path, options)
             seconds.append(time.perf_counter() - started)
-        results[name] = {"texts": texts, "seconds": seconds}
+            texts.append("".join(segment.text for segment in segments).strip())
+            kept.append([{"start": s.start, "end": s.end, "text": s.text} for s in segments])
+        results[name] = {"texts": texts, "seconds": seconds, "segments": kept}
     return results
 
 

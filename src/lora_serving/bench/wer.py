@@ -7,7 +7,8 @@ Settings, each sent to both sides:
             suppression on, condition_on_previous_text, no VAD, plain text);
             faster-whisper: transcribe() with exactly those values, beam_size 1, best_of 1,
             without_timestamps (its own defaults are beam 5, best_of 5, timestamps on).
-  beam5     the same with beam_size 5 on both sides.
+  beam5     the same with beam_size 5 on both sides (ours: transformers' beam rule, our default).
+  beam5-fw  beam 5 again, ours with beam_rule "faster-whisper" (CTranslate2's search).
 Both sides get language "en" and the same 16 kHz WAV files (espeak-ng's speech resampled once by
 the server's own resampler), one request at a time (concurrency 1) after one untimed warm-up
 request per setting; a setting's time is the sum of its requests' wall times (ours: gRPC send to
@@ -62,10 +63,12 @@ class WerSetting:
     name: str
     label: str
     beam_size: int
+    beam_rule: str = DEFAULTS["beam_rule"]
 
     def ours(self) -> dict:
         """sampling_parameters for whisper_lora ({}: the model's own defaults)."""
-        return {} if self.beam_size == DEFAULTS["beam_size"] else {"beam_size": self.beam_size}
+        given = {"beam_size": self.beam_size, "beam_rule": self.beam_rule}
+        return {key: value for key, value in given.items() if value != DEFAULTS[key]}
 
     def faster_whisper(self) -> dict:
         """Keyword arguments of faster-whisper's WhisperModel.transcribe for the same decoding."""
@@ -89,7 +92,8 @@ class WerSetting:
 
 SETTINGS = (
     WerSetting("defaults", "defaults (greedy + temperature fallback)", 1),
-    WerSetting("beam5", "beam 5", 5),
+    WerSetting("beam5", "beam 5 (transformers' rule)", 5),
+    WerSetting("beam5-fw", "beam 5 (faster-whisper's rule)", 5, "faster-whisper"),
 )
 
 
@@ -179,14 +183,21 @@ def transcribe_served(url: str, model: str, files: list[Path], setting: WerSetti
 
 
 def transcribe_faster_whisper(
-    python: Path, model_dir: Path, files: list[Path], threads: int, job_path: Path, log_path: Path
+    python: Path,
+    model_dir: Path,
+    files: list[Path],
+    threads: int,
+    job_path: Path,
+    log_path: Path,
+    settings: dict[str, dict] | None = None,
 ) -> dict:
-    """{setting name: {"texts", "seconds"}} from faster-whisper in its own environment."""
+    """{setting name: {"texts", "seconds", "segments"}} from faster-whisper in its own
+    environment; `settings` (name -> transcribe() arguments) defaults to SETTINGS'."""
     job = {
         "model_dir": str(model_dir),
         "threads": threads,
         "files": [str(f) for f in files],
-        "settings": {s.name: s.faster_whisper() for s in SETTINGS},
+        "settings": settings or {s.name: s.faster_whisper() for s in SETTINGS},
     }
     job_path.write_text(json.dumps(job, indent=1))
     with log_path.open("w") as stderr:

@@ -31,7 +31,7 @@ from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
 from lora_serving.tasks import additional_outputs, whisper_options, whisper_timestamps, whisper_vad
 from lora_serving.tasks.base import RowReader
-from lora_serving.tasks.whisper_beam import BeamOptions, beam_search
+from lora_serving.tasks.whisper_beam import FASTER_WHISPER, BeamOptions, beam_search
 from lora_serving.tasks.whisper_logits import EXTRA_ARG, PROCESSOR, DecodingRules
 from lora_serving.tasks.whisper_quality import (
     QualityRules,
@@ -181,6 +181,7 @@ class TranscriptionTask:
             options["beam_size"],
             length_penalty=float(options["length_penalty"]),
             patience=float(options["patience"]),
+            rule=options["beam_rule"],
         )
         self._check_beam(beam, timestamps, suppressed)
         job = GenerationJob(
@@ -214,10 +215,10 @@ class TranscriptionTask:
     def _check_beam(self, beam: BeamOptions, timestamps: bool, suppressed) -> None:
         if beam.size == 1:
             return
-        if timestamps:
+        if timestamps and not beam.rules_in_engine:
             raise InvalidRequest(
-                "beam_size > 1 does not work with timestamps=true yet; send beam_size 1 for "
-                "segments"
+                f"beam_size > 1 with timestamps=true needs beam_rule '{FASTER_WHISPER}' (the "
+                f"'{beam.rule}' rule has no timestamp form); or send beam_size 1"
             )
         needed = beam.top_k_needed(len(set(suppressed[0]) | set(suppressed[1])))
         if needed > self.max_logprobs:
@@ -297,7 +298,7 @@ class TranscriptionTask:
         )
         if not rules.empty:
             sampling["extra_args"] = {EXTRA_ARG: rules.as_extra_arg()}
-        context.update(language=language, task_ids=task_ids, window_sampling=sampling)
+        context.update(language=language, task_ids=task_ids, window_sampling=sampling, rules=rules)
 
     def _decoder_ids(self, job: GenerationJob, previous: list[int]) -> list[int]:
         """[<|startofprev|> previous text] <|startoftranscript|> <|xx|> <|task|> [...]"""
@@ -399,8 +400,13 @@ class TranscriptionTask:
         everywhere, at_begin = job.context["suppressed"]
         top_k = beam.top_k_needed(len(set(everywhere) | set(at_begin)))
 
+        rules: DecodingRules = job.context["rules"]
+
         async def score_next(tokens: list[int]) -> dict[int, float]:
             step = {"temperature": 0.0, "max_tokens": 1, "logprobs": top_k}
+            if beam.rules_in_engine and not rules.empty:  # log-probabilities after the rules
+                after = dataclasses.replace(rules, sampled_before=tuple(tokens))
+                step["extra_args"] = {EXTRA_ARG: after.as_extra_arg()}
             last = None
             async for chunk in stream(_whisper_prompt(samples, ids + tokens, name), step):
                 last = chunk

@@ -1,8 +1,8 @@
-"""Beam search for one Whisper window, step by step over engine requests.
+"""Beam search for one Whisper window, step by step over engine requests, by either of two rules.
 
-The search is transformers' `generate(num_beams=N)` (its `_beam_search`, default
-`early_stopping=False`), rule for rule, so a served beam search equals the reference token for
-token:
+`beam_rule` "transformers" (the default) is transformers' `generate(num_beams=N)` (its
+`_beam_search`, default `early_stopping=False`), rule for rule, so a served beam search equals the
+reference token for token:
 - a beam's score is the sum of its tokens' log-probabilities: log_softmax of the raw logits, with
   suppressed tokens removed and NOT renormalised (transformers' processors set -inf on the
   log-probabilities);
@@ -12,12 +12,21 @@ token:
 - the search stops when N hypotheses are finished and the best running beam, scored at its
   current length, can no longer beat the worst of them (transformers' heuristic), or at
   max_tokens.
+`patience` widens the finished pool to round(N * patience) hypotheses before the search may stop.
 
-`patience` (openai-whisper's and faster-whisper's option) widens the finished pool to
-round(N * patience) hypotheses before the search may stop; 1.0 (the default) is transformers'.
-openai-whisper ranks by length differently when `length_penalty` is set (((5 + L) / 6) ** p);
-here `length_penalty` is transformers' exponent, and the default 1.0 (divide by the length)
-is also openai-whisper's default ranking.
+`beam_rule` "faster-whisper" is CTranslate2's search as faster-whisper runs it (openai-whisper's
+differs only in details noted below):
+- log-probabilities are taken AFTER Whisper's decoding rules (suppression, timestamp rules) and
+  renormalised: the engine applies the rules and returns log_softmax of the processed logits;
+- each step ranks the 2N best continuations; those among the best N that end in <|endoftext|>
+  (or reach max_tokens) are finished, each replaced by the next unfinished one of the other N;
+- the search stops as soon as round(N * patience) hypotheses are finished (no heuristic);
+- finished hypotheses are ranked by sum / length ** length_penalty, the length without
+  <|endoftext|>.
+openai-whisper takes N + 1 continuations per beam rather than 2N overall, counts a finished one
+only if it ranks above the N-th unfinished continuation, and keeps at most round(N * patience);
+with a `length_penalty` it ranks by ((5 + L) / 6) ** p, which neither rule here does. Because the
+engine applies the rules, this rule also decodes with timestamps.
 
 The engine gives each step's log-probabilities: one request per running beam (the window's
 decoder prompt plus the beam's tokens, one token generated, top-k log-probabilities). Our vLLM
@@ -25,6 +34,7 @@ plugin reuses the window's encoder output for all of them (vllm_plugin/whisper_e
 """
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -34,6 +44,8 @@ import numpy as np
 # the best `top_k_needed` of the unsuppressed ones).
 Scorer = Callable[[list[int]], Awaitable[dict[int, float]]]
 MAX_BEAM_SIZE = 16
+TRANSFORMERS, FASTER_WHISPER = "transformers", "faster-whisper"
+BEAM_RULES = (TRANSFORMERS, FASTER_WHISPER)
 
 
 @dataclass(frozen=True)
@@ -41,15 +53,23 @@ class BeamOptions:
     size: int
     length_penalty: float = 1.0
     patience: float = 1.0
+    rule: str = TRANSFORMERS
 
     @property
     def pool_size(self) -> int:
         return max(self.size, round(self.size * self.patience))
 
+    @property
+    def rules_in_engine(self) -> bool:
+        """Whether each step's log-probabilities come after Whisper's decoding rules, renormalised
+        (faster-whisper's rule), rather than raw with suppressed tokens skipped here."""
+        return self.rule == FASTER_WHISPER
+
     def top_k_needed(self, suppressed: int) -> int:
-        """Log-probabilities each step must return so the 2N best unsuppressed ones are among
-        them, however many of the `suppressed` tokens rank above them."""
-        return 2 * self.size + suppressed
+        """Log-probabilities each step must return so the 2N best allowed ones are among them,
+        however many of the `suppressed` tokens rank above them (none when the engine applies
+        the rules)."""
+        return 2 * self.size + (0 if self.rules_in_engine else suppressed)
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,25 @@ async def beam_search(
     suppress: frozenset[int] = frozenset(),
     suppress_at_begin: frozenset[int] = frozenset(),
 ) -> BeamResult:
+    """`suppress` / `suppress_at_begin` are skipped here for the transformers rule; with the
+    faster-whisper rule the scorer's log-probabilities already obey them."""
+    if options.rules_in_engine:
+        return await _ctranslate2_search(
+            score_next, options=options, max_tokens=max_tokens, end_of_text=end_of_text
+        )
+    return await _transformers_search(
+        score_next,
+        options=options,
+        max_tokens=max_tokens,
+        end_of_text=end_of_text,
+        barred_always=suppress,
+        barred_first=suppress | suppress_at_begin,
+    )
+
+
+async def _transformers_search(
+    score_next: Scorer, *, options, max_tokens, end_of_text, barred_always, barred_first
+) -> BeamResult:
     width = options.size
     # Sums in float32, as transformers keeps beam scores: near-ties then break the same way.
     f32 = np.float32
@@ -78,7 +117,7 @@ async def beam_search(
     improvable = True
     for step in range(max_tokens):
         scored = await asyncio.gather(*(score_next(tokens) for _, tokens, _ in running))
-        barred = suppress | suppress_at_begin if step == 0 else suppress
+        barred = barred_first if step == 0 else barred_always
         candidates = [
             (f32(total + f32(logprob)), tokens + [token], each + [logprob])
             for (total, tokens, each), logprobs in zip(running, scored, strict=True)
@@ -114,4 +153,54 @@ async def beam_search(
         sum_logprob=float(total),
         score=float(score),
         finish_reason=reason,
+    )
+
+
+async def _ctranslate2_search(
+    score_next: Scorer, *, options: BeamOptions, max_tokens: int, end_of_text: int
+) -> BeamResult:
+    width = options.size
+    f32 = np.float32  # CTranslate2 keeps its scores in the model's float32
+    running: list[tuple[float, list[int], list[float]]] = [(f32(0.0), [], [])]
+    finished: list[tuple[float, list[int], list[float]]] = []  # sum, tokens, each
+    for step in range(max_tokens):
+        scored = await asyncio.gather(*(score_next(tokens) for _, tokens, _ in running))
+        candidates = [
+            (f32(total + f32(logprob)), tokens + [token], each + [logprob])
+            for (total, tokens, each), logprobs in zip(running, scored, strict=True)
+            for token, logprob in logprobs.items()
+            if logprob > -math.inf  # fewer allowed tokens than asked for
+        ]
+        candidates.sort(key=lambda item: -item[0])  # stable: earlier beam first on ties
+        best = candidates[: 2 * width]
+        last_step = step + 1 >= max_tokens
+        ends = [tokens[-1] == end_of_text for _, tokens, _ in best]
+        running, spare = [], width
+        for k, candidate in enumerate(best[:width]):
+            if not (ends[k] or last_step):
+                running.append(candidate)
+                continue
+            finished.append(candidate)
+            # Its place goes to the next continuation of the other N that has not ended.
+            for j in range(spare, len(best)):
+                if not ends[j]:
+                    running.append(best[j])
+                    spare = j + 1
+                    break
+        if last_step or len(finished) >= options.pool_size or not running:
+            break
+
+    def ranked(item) -> float:
+        total, tokens, _ = item
+        length = len(tokens) - (tokens[-1] == end_of_text)
+        divisor = length**options.length_penalty  # 0 ** 0 is 1, as std::pow's
+        return float(total) / divisor if divisor else -math.inf
+
+    best_total, tokens, each = max(finished, key=ranked)  # the first of equals, as a stable sort
+    return BeamResult(
+        tokens=tokens,
+        logprobs=each,
+        sum_logprob=float(best_total),
+        score=ranked((best_total, tokens, each)),
+        finish_reason="stop" if tokens[-1] == end_of_text else "length",
     )

@@ -33,6 +33,9 @@ class DecodingRules:
     suppress: tuple[int, ...] = ()  # at every position
     suppress_at_begin: tuple[int, ...] = ()  # at the first sampled position only
     timestamps: TimestampRules | None = None
+    # Tokens of this decoding already in the decoder prompt (a beam step's beam): the rules
+    # read them as sampled, so the first position is after them.
+    sampled_before: tuple[int, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -46,11 +49,12 @@ class DecodingRules:
             "timestamps": None
             if timestamps is None
             else {"timestamp_begin": timestamps.timestamp_begin, "eot": timestamps.eot},
+            "sampled_before": list(self.sampled_before),
         }
 
     @classmethod
     def from_extra_arg(cls, value: dict[str, Any]) -> "DecodingRules":
-        unknown = set(value) - {"suppress", "suppress_at_begin", "timestamps"}
+        unknown = set(value) - {"suppress", "suppress_at_begin", "timestamps", "sampled_before"}
         if unknown:
             raise ValueError(f"unknown {EXTRA_ARG} keys {sorted(unknown)}")
         timestamps = value.get("timestamps")
@@ -58,6 +62,7 @@ class DecodingRules:
             suppress=tuple(int(t) for t in value.get("suppress") or ()),
             suppress_at_begin=tuple(int(t) for t in value.get("suppress_at_begin") or ()),
             timestamps=None if timestamps is None else TimestampRules(**timestamps),
+            sampled_before=tuple(int(t) for t in value.get("sampled_before") or ()),
         )
 
     @cached_property
@@ -69,6 +74,8 @@ class DecodingRules:
         return torch.tensor(self.suppress_at_begin, dtype=torch.long)
 
     def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        if self.sampled_before:
+            output_ids = [*self.sampled_before, *output_ids]
         if not output_ids and self.suppress_at_begin:
             logits[self._begin_index.to(logits.device)] = -math.inf
         if self.suppress:

@@ -18,7 +18,9 @@ openai-whisper's `transcribe()` quality loop (whisper_quality):
 - `condition_on_previous_text` (true): with timestamps, each window's decoder prompt carries the
   text before it.
 
-Beam search (whisper_beam): `beam_size` (1: greedy), `patience` (1.0), `length_penalty` (1.0).
+Beam search (whisper_beam): `beam_size` (1: greedy), `patience` (1.0), `length_penalty` (1.0),
+`beam_rule` ("transformers": equal to transformers' `generate(num_beams=N)`; "faster-whisper":
+CTranslate2's search, as faster-whisper runs it, which also decodes with timestamps).
 """
 
 import json
@@ -29,7 +31,7 @@ from typing import Any
 from lora_serving.errors import ConfigError
 from lora_serving.sampling import Field, check_field
 from lora_serving.tasks import whisper_vad
-from lora_serving.tasks.whisper_beam import MAX_BEAM_SIZE
+from lora_serving.tasks.whisper_beam import BEAM_RULES, MAX_BEAM_SIZE, TRANSFORMERS
 
 MODEL_SET = -1  # openai-whisper's marker for the model's own non-speech set
 DEFAULT_TEMPERATURES = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
@@ -44,6 +46,7 @@ DEFAULTS = {
     "beam_size": 1,
     "patience": 1.0,
     "length_penalty": 1.0,
+    "beam_rule": TRANSFORMERS,
 }
 MAX_TEMPERATURES = 16
 
@@ -115,6 +118,7 @@ def task_fields(vocab_size: int) -> dict[str, Field]:
         ),
         "patience": ((int, float), lambda v: 1 <= v <= 10, "a number in [1, 10]"),
         "length_penalty": ((int, float), lambda v: 0 <= v <= 10, "a number in [0, 10]"),
+        "beam_rule": ((str,), lambda v: v in BEAM_RULES, f"one of {', '.join(BEAM_RULES)}"),
     }
 
 
