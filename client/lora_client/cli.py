@@ -3,7 +3,8 @@
 lora-client transcribe speech.wav [--adapter alpha] [--language de] [--task translate] [--stream]
                       [--timestamps] [--prompt "previous text"]
                       [--suppress-tokens "-1,1234"] [--no-suppress-blank] [--vad-filter]
-                      [--beam-size 5] [--temperature 0 [0.2 ...]] [--no-condition-on-previous-text]
+                      [--beam-size 5 [--beam-rule faster-whisper]] [--temperature 0 [0.2 ...]]
+                      [--no-condition-on-previous-text]
 lora-client describe photo.png --prompt "What is shown?" [--adapter alpha] [--stream]
 lora-client describe --video f0.png f1.png f2.png --video-fps 2 --prompt "What happens?"
 lora-client list-adapters [--model qwen_vl_lora] [--json]
@@ -123,6 +124,8 @@ def _decoding(args) -> dict:
         decoding["vad_filter"] = True
     if args.beam_size is not None:
         decoding["beam_size"] = args.beam_size
+    if args.beam_rule is not None:
+        decoding["beam_rule"] = args.beam_rule
     if args.temperature is not None:
         values = args.temperature
         decoding["temperature"] = values[0] if len(values) == 1 else values
@@ -197,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     transcribe.add_argument(
         "--beam-size", type=int, help="beam search width (default 1: greedy; faster-whisper's: 5)"
+    )
+    transcribe.add_argument(
+        "--beam-rule",
+        choices=("transformers", "faster-whisper"),
+        help="whose beam search: transformers' generate() (default) or faster-whisper's "
+        "(CTranslate2's; also with --timestamps)",
     )
     transcribe.add_argument(
         "--temperature",

@@ -71,7 +71,9 @@ def test_beam_search_equals_transformers_and_encodes_each_request_once(
                 {
                     "audio_file": clip.read_bytes(),
                     "language": "en",
-                    "sampling_parameters": sampling(beam_size=beams, max_tokens=40),
+                    "sampling_parameters": sampling(
+                        beam_size=beams, beam_rule="transformers", max_tokens=40
+                    ),
                 },
                 {"lora_name": name} if name else None,
             )
@@ -99,19 +101,23 @@ def test_transformers_beams_with_timestamps_are_refused_clearly(grpc_url, speech
     fields = {
         "audio_file": speech(SENTENCE).read_bytes(),
         "timestamps": True,
-        "sampling_parameters": sampling(beam_size=3),
+        "sampling_parameters": sampling(beam_size=3, beam_rule="transformers"),
     }
     outcome = grpc_one(grpc_url, MODEL, fields)
     assert outcome.error is not None and "beam_rule 'faster-whisper'" in outcome.error
 
 
-def test_faster_whisper_beam_rule_equals_faster_whisper(grpc_url, speech, tmp_path):
-    """Beam 5 by CTranslate2's rule equals faster-whisper's beam 5 on the same whisper-base:
-    a sentence where the two rules disagree (the word error rate bench's), plain, and a longer
-    recording with timestamps, segment by segment."""
+def test_default_beam_rule_equals_faster_whisper(
+    grpc_url, speech, tmp_path, demo_models, tokenizer
+):
+    """Beam 5 by the default rule (CTranslate2's) equals faster-whisper's beam 5 on the same
+    whisper-base: a sentence where the two rules disagree (the word error rate bench's), plain,
+    and a longer recording with timestamps, segment by segment; with an adapter, it equals the
+    same search on the merged weights."""
     from lora_serving.bench import peer_env, wer
     from lora_serving.finetune import corpus
     from lora_serving.launcher import REPO_ROOT
+    from lora_serving.reference.whisper import reference_ctranslate2_beam
 
     (where_rules_differ,) = [u for u in wer.utterances() if "slowly" in u.text]
     plain = tmp_path / "slowly-16k.wav"
@@ -133,36 +139,22 @@ def test_faster_whisper_beam_rule_equals_faster_whisper(grpc_url, speech, tmp_pa
             "timestamps": arguments | {"without_timestamps": False},
         },
     )
-    options = sampling(beam_size=5, beam_rule="faster-whisper")
-    ours_plain, ours_timed, transformers_rule = grpc_many(
+
+    def request(audio: bytes, adapter: str | None = None, **options) -> tuple[dict, dict | None]:
+        fields = {"audio_file": audio, "language": "en", "timestamps": options.pop("ts", False)}
+        fields["sampling_parameters"] = sampling(beam_size=5, max_tokens=100, **options)
+        return fields, ({"lora_name": adapter} if adapter else None)
+
+    # Beam 5 by the default rule (faster-whisper's), plain and with timestamps, beside the same
+    # sentence by transformers' rule and an all-layer adapter by the default rule: one batch.
+    ours_plain, ours_timed, transformers_rule, adapter_plain = grpc_many(
         grpc_url,
         MODEL,
         [
-            (
-                {
-                    "audio_file": plain.read_bytes(),
-                    "language": "en",
-                    "sampling_parameters": options,
-                },
-                None,
-            ),
-            (
-                {
-                    "audio_file": timed.read_bytes(),
-                    "language": "en",
-                    "timestamps": True,
-                    "sampling_parameters": options,
-                },
-                None,
-            ),
-            (
-                {
-                    "audio_file": plain.read_bytes(),
-                    "language": "en",
-                    "sampling_parameters": sampling(beam_size=5),
-                },
-                None,
-            ),
+            request(plain.read_bytes()),
+            request(timed.read_bytes(), ts=True),
+            request(plain.read_bytes(), beam_rule="transformers"),
+            request(plain.read_bytes(), "all_layers"),
         ],
     )
     assert ours_plain.text.strip() == peer["plain"]["texts"][0]
@@ -174,6 +166,16 @@ def test_faster_whisper_beam_rule_equals_faster_whisper(grpc_url, speech, tmp_pa
     for mine, peers in zip(served, theirs, strict=True):
         assert mine["start"] == pytest.approx(peers["start"], abs=0.011)
         assert mine["end"] == pytest.approx(peers["end"], abs=0.011)
+    # faster-whisper cannot load an adapter: the same search on the merged weights instead.
+    tokens = reference_ctranslate2_beam(
+        demo_models / "whisper-base",
+        demo_models / "whisper-adapters" / "all_layers",
+        load_16k(plain),
+        tokenizer.convert_tokens_to_ids(PROMPT_TOKENS),
+        100,
+    )
+    expected = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    assert adapter_plain.text.strip() == expected
 
 
 @pytest.mark.parametrize("timestamps", [False, True])

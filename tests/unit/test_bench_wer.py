@@ -21,9 +21,9 @@ BENCH = Path(wer.__file__).parent
 
 # ---- settings ----------------------------------------------------------------------------------
 def test_defaults_send_nothing_and_faster_whisper_gets_the_same_decoding():
-    defaults, beam5, beam5_fw = wer.SETTINGS
+    defaults, beam5, beam5_transformers = wer.SETTINGS
     assert defaults.ours() == {} and beam5.ours() == {"beam_size": 5}
-    assert beam5_fw.ours() == {"beam_size": 5, "beam_rule": "faster-whisper"}
+    assert beam5_transformers.ours() == {"beam_size": 5, "beam_rule": "transformers"}
     expected = {
         "language": "en",
         "beam_size": 1,
@@ -41,7 +41,8 @@ def test_defaults_send_nothing_and_faster_whisper_gets_the_same_decoding():
         "vad_filter": False,
     }
     assert defaults.faster_whisper() == expected
-    assert beam5.faster_whisper() == beam5_fw.faster_whisper() == expected | {"beam_size": 5}
+    assert beam5.faster_whisper() == beam5_transformers.faster_whisper()
+    assert beam5.faster_whisper() == expected | {"beam_size": 5}
 
 
 def test_sentences_are_fixed_and_spoken_by_several_voices_and_speeds():
@@ -109,9 +110,7 @@ def test_wer_section_puts_each_figure_next_to_faster_whisper():
         "| defaults (greedy + temperature fallback) | 0.000 (0/3) | 0.333 (1/3) | 4.0 | 2.0 | yes |"
         in text
     )
-    assert (
-        "| beam 5 (transformers' rule) | 0.333 (1/3) | 0.000 (0/3) | 10.0 | 4.0 | **no** |" in text
-    )
+    assert "| beam 5 | 0.333 (1/3) | 0.000 (0/3) | 10.0 | 4.0 | **no** |" in text
     assert "whisper_lora 0.40, faster-whisper 0.50" in text
     assert "whisper_lora's runs 0.50, faster-whisper's runs 0.50" in text
     assert "none (its model.json defaults)" in text and '`{"beam_size": 5}`' in text

@@ -74,17 +74,20 @@ def test_transcription_fields_carry_whisper_decoding_options():
     class Args:
         suppress_tokens, no_suppress_blank, vad_filter = "-1,1234", True, True
         beam_size, temperature, no_condition_on_previous_text = 5, [0.0], True
+        beam_rule = "faster-whisper"
 
     assert _decoding(Args) == {
         "suppress_tokens": "-1,1234",
         "suppress_blank": False,
         "vad_filter": True,
         "beam_size": 5,
+        "beam_rule": "faster-whisper",
         "temperature": 0.0,
         "condition_on_previous_text": False,
     }
 
     class Schedule(Args):
         beam_size, temperature, no_condition_on_previous_text = None, [0.0, 0.5], False
+        beam_rule = None
 
     assert _decoding(Schedule)["temperature"] == [0.0, 0.5]

@@ -138,3 +138,15 @@ def test_a_beam_step_reads_its_beam_as_sampled():
     assert later([], flat())[BLANK] == 0  # not the first position any more
     assert torch.equal(step([], flat()), rules([TS, TEXT], flat()))
     assert DecodingRules.from_extra_arg(step.as_extra_arg()) == step
+
+
+@pytest.mark.parametrize("repository", ["model_repository", "model_repository_gpu"])
+def test_shipped_model_json_spells_out_the_decoding_defaults(repository):
+    """What an operator reads in model.json is what a request without options gets."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / repository / "whisper_lora" / "1" / "model.json"
+    task = json.loads(path.read_text())["serving"]["task"]
+    assert set(task["decoding"]) | {"vad_parameters"} == set(whisper_options.DEFAULTS)
+    assert whisper_options.decoding_defaults(task, VOCAB, str(path)) == whisper_options.DEFAULTS

@@ -7,8 +7,8 @@ Settings, each sent to both sides:
             suppression on, condition_on_previous_text, no VAD, plain text);
             faster-whisper: transcribe() with exactly those values, beam_size 1, best_of 1,
             without_timestamps (its own defaults are beam 5, best_of 5, timestamps on).
-  beam5     the same with beam_size 5 on both sides (ours: transformers' beam rule, our default).
-  beam5-fw  beam 5 again, ours with beam_rule "faster-whisper" (CTranslate2's search).
+  beam5     the same with beam_size 5 on both sides (ours: its default beam_rule, faster-whisper's).
+  beam5-transformers  beam 5 again, ours with beam_rule "transformers" (transformers' search).
 Both sides get language "en" and the same 16 kHz WAV files (espeak-ng's speech resampled once by
 the server's own resampler), one request at a time (concurrency 1) after one untimed warm-up
 request per setting; a setting's time is the sum of its requests' wall times (ours: gRPC send to
@@ -92,8 +92,8 @@ class WerSetting:
 
 SETTINGS = (
     WerSetting("defaults", "defaults (greedy + temperature fallback)", 1),
-    WerSetting("beam5", "beam 5 (transformers' rule)", 5),
-    WerSetting("beam5-fw", "beam 5 (faster-whisper's rule)", 5, "faster-whisper"),
+    WerSetting("beam5", "beam 5", 5),
+    WerSetting("beam5-transformers", "beam 5, beam_rule transformers", 5, "transformers"),
 )
 
 

@@ -154,3 +154,48 @@ def greedy_without_rules(
             past_key_values = output.past_key_values
             next_input = torch.tensor([[token]])
     return token_ids, logprobs
+
+
+def reference_ctranslate2_beam(
+    base_dir: Path,
+    adapter_dir: Path | None,
+    audio_16k: np.ndarray,
+    decoder_prompt_ids: list[int],
+    max_tokens: int,
+    *,
+    beams: int = 5,
+) -> list[int]:
+    """faster-whisper's beam search (CTranslate2's rule, whisper_beam) on the merged weights in
+    float32: each step's log-probabilities are log_softmax of transformers' logits after the
+    generation_config's suppression, renormalised, as CTranslate2 computes them. Plain
+    transcripts (the prompt ends in <|notimestamps|>). For served searches with adapters, whose
+    peer (faster-whisper) cannot load a LoRA adapter."""
+    import asyncio
+
+    from lora_serving.tasks.whisper_beam import FASTER_WHISPER, BeamOptions, beam_search
+
+    model, features = _model_and_features(base_dir, adapter_dir, audio_16k)
+    config = model.generation_config
+    everywhere = list(config.suppress_tokens or ())
+    at_begin = list(config.begin_suppress_tokens or ())
+    with torch.inference_mode():
+        encoded = model.model.encoder(features).last_hidden_state
+
+    async def score_next(tokens: list[int]) -> dict[int, float]:
+        with torch.inference_mode():
+            ids = torch.tensor([decoder_prompt_ids + tokens])
+            logits = model(encoder_outputs=(encoded,), decoder_input_ids=ids).logits[0, -1]
+            logits = logits.float().clone()
+            logits[everywhere + ([] if tokens else at_begin)] = -torch.inf
+            top = torch.topk(torch.log_softmax(logits, dim=-1), 2 * beams)
+        return dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+
+    result = asyncio.run(
+        beam_search(
+            score_next,
+            options=BeamOptions(beams, rule=FASTER_WHISPER),
+            max_tokens=max_tokens,
+            end_of_text=model.config.eos_token_id,
+        )
+    )
+    return result.tokens

@@ -1,6 +1,6 @@
 """Beam search for one Whisper window, step by step over engine requests, by either of two rules.
 
-`beam_rule` "transformers" (the default) is transformers' `generate(num_beams=N)` (its
+`beam_rule` "transformers" is transformers' `generate(num_beams=N)` (its
 `_beam_search`, default `early_stopping=False`), rule for rule, so a served beam search equals the
 reference token for token:
 - a beam's score is the sum of its tokens' log-probabilities: log_softmax of the raw logits, with
@@ -14,7 +14,8 @@ reference token for token:
   max_tokens.
 `patience` widens the finished pool to round(N * patience) hypotheses before the search may stop.
 
-`beam_rule` "faster-whisper" is CTranslate2's search as faster-whisper runs it (openai-whisper's
+`beam_rule` "faster-whisper" (the default: what speech teams compare with, and the meaning
+openai-whisper gives `patience`) is CTranslate2's search as faster-whisper runs it (openai-whisper's
 differs only in details noted below):
 - log-probabilities are taken AFTER Whisper's decoding rules (suppression, timestamp rules) and
   renormalised: the engine applies the rules and returns log_softmax of the processed logits;
@@ -53,7 +54,7 @@ class BeamOptions:
     size: int
     length_penalty: float = 1.0
     patience: float = 1.0
-    rule: str = TRANSFORMERS
+    rule: str = TRANSFORMERS  # whisper_options.DEFAULTS holds the served default
 
     @property
     def pool_size(self) -> int:

@@ -19,8 +19,9 @@ openai-whisper's `transcribe()` quality loop (whisper_quality):
   text before it.
 
 Beam search (whisper_beam): `beam_size` (1: greedy), `patience` (1.0), `length_penalty` (1.0),
-`beam_rule` ("transformers": equal to transformers' `generate(num_beams=N)`; "faster-whisper":
-CTranslate2's search, as faster-whisper runs it, which also decodes with timestamps).
+`beam_rule` ("faster-whisper", the default: CTranslate2's search as faster-whisper runs it, with
+openai-whisper's meaning of `patience`, also with timestamps; "transformers": equal to
+transformers' `generate(num_beams=N)`).
 """
 
 import json
@@ -31,7 +32,7 @@ from typing import Any
 from lora_serving.errors import ConfigError
 from lora_serving.sampling import Field, check_field
 from lora_serving.tasks import whisper_vad
-from lora_serving.tasks.whisper_beam import BEAM_RULES, MAX_BEAM_SIZE, TRANSFORMERS
+from lora_serving.tasks.whisper_beam import BEAM_RULES, FASTER_WHISPER, MAX_BEAM_SIZE
 
 MODEL_SET = -1  # openai-whisper's marker for the model's own non-speech set
 DEFAULT_TEMPERATURES = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
@@ -46,7 +47,7 @@ DEFAULTS = {
     "beam_size": 1,
     "patience": 1.0,
     "length_penalty": 1.0,
-    "beam_rule": TRANSFORMERS,
+    "beam_rule": FASTER_WHISPER,
 }
 MAX_TEMPERATURES = 16
 
