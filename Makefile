@@ -7,6 +7,9 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 # The OpenAI-compatible front (lora-openai) that `make serve` starts beside tritonserver; 0: off.
 OPENAI_PORT ?= 9000
+# Every model's float type for `make serve`: float32, bfloat16, or auto (bfloat16 on a CPU with
+# AMX / AVX-512 BF16, else float32; model.json's on a GPU). Tests always pin float32.
+DTYPE ?= auto
 
 .PHONY: setup serve test test-unit lint lint-deploy lock lock-gpu lock-lint lock-genai-perf image \
 	lock-openai-sdk clean-models \
@@ -18,7 +21,8 @@ setup:
 
 serve: setup
 	@$(PY) -m lora_serving.launcher --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
-		--metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT)
+		--metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT) \
+		$(if $(DTYPE),--dtype $(DTYPE))
 
 # The whole suite: unit tests, engine tests and end-to-end tests through one real tritonserver.
 test: setup

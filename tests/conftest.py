@@ -108,6 +108,7 @@ def start_triton(tmp_path_factory, label: str, load_models: list[str]):
             metrics=_free_port(),
             log_path=log_path,
             extra_args=["--model-control-mode=explicit", *load_models],
+            dtype="float32",  # served outputs are compared with the float32 reference
         )
         try:
             seconds = server.wait_ready(timeout_s=STARTUP_TIMEOUT_S)

@@ -19,6 +19,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from lora_serving import dtype_choice
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRITON_DIR = REPO_ROOT / ".triton"
 
@@ -77,13 +79,19 @@ class TritonServer:
         metrics=8002,
         extra_args: list[str] = (),
         log_path: Path | None = None,
+        dtype: str | None = None,
     ):
+        """`dtype`: every model's float type for this run (lora_serving.dtype_choice); None:
+        model.json's, unless the caller's environment sets LORA_SERVING_DTYPE."""
         self.http, self.grpc, self.metrics = http, grpc, metrics
+        environment = server_environment()
+        if dtype is not None:
+            environment[dtype_choice.VARIABLE] = dtype
         self.log_path = log_path
         self._log = open(log_path, "wb") if log_path else None  # noqa: SIM115 - lives with server
         self.process = subprocess.Popen(
             server_command(model_repository, http, grpc, metrics, list(extra_args)),
-            env=server_environment(),
+            env=environment,
             stdout=self._log,
             stderr=subprocess.STDOUT if self._log else None,
             start_new_session=True,
@@ -235,6 +243,13 @@ def main(argv: list[str] | None = None) -> int:
         default=int(os.environ.get("OPENAI_PORT", 9000)),
         help="port of the OpenAI-compatible front (lora-openai); 0: do not start it",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=dtype_choice.CHOICES,
+        default=os.environ.get("DTYPE") or None,
+        help="every model's float type for this run (auto: bfloat16 on a CPU with AMX / "
+        "AVX-512 BF16, else float32; model.json's on a GPU); default: each model.json's",
+    )
     parser.add_argument("extra", nargs="*", help="more tritonserver arguments (after --)")
     args = parser.parse_args(argv)
     extra = list(args.extra)
@@ -248,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         grpc=args.grpc_port,
         metrics=args.metrics_port,
         extra_args=extra,
+        dtype=args.dtype,
     )
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
     front = None

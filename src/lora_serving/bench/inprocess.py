@@ -64,11 +64,14 @@ class InProcessEngine:
     """An AsyncLLM on its own event-loop thread (as EngineHost runs it), driven by the bench."""
 
     def __init__(self, model_json: Path, task: str):
+        from lora_serving import dtype_choice
         from lora_serving.adapters import AdapterCatalog
         from lora_serving.settings import EngineSettings
         from lora_serving.tasks import load_tokenizer, task_class
 
         settings = EngineSettings.from_file(model_json)
+        configured = settings.engine_args.get("dtype")
+        settings = settings.with_engine_args(dtype_choice.override(os.environ, configured))
         kind = task_class(task)
         self.settings = settings.with_engine_args(kind.engine_overrides(settings))
         catalog = AdapterCatalog.from_multi_lora_json(

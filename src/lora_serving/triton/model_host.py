@@ -19,7 +19,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from lora_serving import adapter_control
+from lora_serving import adapter_control, dtype_choice
 from lora_serving.adapter_fleet import AdapterFleet
 from lora_serving.engine import lora_slots, recovery
 from lora_serving.engine.engine_host import EngineHost
@@ -82,6 +82,8 @@ class ModelHost:
         model_dir = Path(args["model_repository"]) / args["model_version"]
         try:
             settings = EngineSettings.from_file(model_dir / "model.json")
+            configured = settings.engine_args.get("dtype")
+            settings = settings.with_engine_args(dtype_choice.override(os.environ, configured))
             kind = task_class(task)
             settings = settings.with_engine_args(kind.engine_overrides(settings))
             settings = settings.with_engine_args(_slot_listing(settings))
