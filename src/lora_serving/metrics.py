@@ -60,6 +60,15 @@ class EncoderWork:
 
 
 @dataclass(frozen=True)
+class AdapterLoads:
+    """Adapters loaded so far (totals since counting started): into a LoRA slot, and from
+    their folder into the engine's adapter cache."""
+
+    slot_loads: int
+    cache_loads: int
+
+
+@dataclass(frozen=True)
 class AdapterStates:
     """How many served adapters are loaded in engine slots, cached, or only registered."""
 

@@ -11,6 +11,8 @@ adapter ("(base)": no adapter; "(unknown)": refused before its adapter was known
   lora_kv_cache_usage_perc               gauge: fraction of the engine's KV cache in use (0..1)
   lora_max_loras                         gauge: the engine's LoRA slots (max_loras; 0: LoRA off)
   lora_adapters{state}                   gauge: served adapters loaded / cached / registered
+  lora_adapter_slot_loads_total          adapters moved into a LoRA slot (vLLM activate_adapter)
+  lora_adapter_cache_loads_total         adapters read from their folder into the engine's cache
   lora_encoder_runs_total                Whisper: audio windows the encoder computed
   lora_encoder_reuses_total              Whisper: engine requests that reused a window's encoder
                                          output (probe, retries, beam steps)
@@ -27,6 +29,7 @@ import triton_python_backend_utils as pb_utils
 
 from lora_serving.metrics import (
     REFUSED,
+    AdapterLoads,
     AdapterStates,
     EncoderWork,
     JobFinished,
@@ -51,6 +54,8 @@ _FAMILIES = {
     "kv_cache_usage": ("lora_kv_cache_usage_perc", "GAUGE", "KV cache usage, 1 = full"),
     "max_loras": ("lora_max_loras", "GAUGE", "Adapters one batch can use (LoRA slots)"),
     "adapters": ("lora_adapters", "GAUGE", "Served adapters by state"),
+    "slot_loads": ("lora_adapter_slot_loads_total", "COUNTER", "Adapters loaded into a slot"),
+    "cache_loads": ("lora_adapter_cache_loads_total", "COUNTER", "Adapters read into the cache"),
     "encoder_runs": ("lora_encoder_runs_total", "COUNTER", "Audio windows encoded"),
     "encoder_reuses": ("lora_encoder_reuses_total", "COUNTER", "Encoder outputs reused"),
 }
@@ -140,6 +145,9 @@ class TritonMetrics:
         elif isinstance(event, AdapterStates):
             for state, count in event.counts.items():
                 self._metric("adapters", state=state).set(count)
+        elif isinstance(event, AdapterLoads):
+            self._count_up("slot_loads", event.slot_loads)
+            self._count_up("cache_loads", event.cache_loads)
         elif isinstance(event, EncoderWork):
             self._count_up("encoder_runs", event.runs)
             self._count_up("encoder_reuses", event.reuses)
