@@ -78,11 +78,18 @@ class ServerLoad:
         )
 
 
+_FAMILIES = (RUNNING, WAITING, KV_USAGE, MAX_LORAS)
+_PREFIXES = tuple(f"{kind}{name}" for name in _FAMILIES for kind in ("", "# HELP ", "# TYPE "))
+
+
 def parse_triton_metrics(text: str) -> ServerLoad:
-    """Triton's Prometheus text -> ServerLoad (series summed over stub_pid)."""
+    """Triton's Prometheus text -> ServerLoad (series summed over stub_pid). Only our four
+    families are parsed: the rest of Triton's text (latency histograms per model, ...) is
+    skipped, since the picker asks for this every 50 ms."""
     load = ServerLoad()
-    for family in text_string_to_metric_families(text):
-        if family.name not in (RUNNING, WAITING, KV_USAGE, MAX_LORAS):
+    ours = "\n".join(line for line in text.splitlines() if line.startswith(_PREFIXES))
+    for family in text_string_to_metric_families(ours + "\n"):
+        if family.name not in _FAMILIES:
             continue
         for sample in family.samples:
             model = sample.labels.get("model")
