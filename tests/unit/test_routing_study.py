@@ -9,6 +9,7 @@ from lora_serving.bench.picker import EndpointMetrics
 from lora_serving.bench.routing import (
     Outcome,
     PickerScoring,
+    PickerWithRunning,
     PolicyResult,
     RoundRobin,
     StudyConfig,
@@ -47,6 +48,12 @@ def test_round_robin_ignores_the_metrics_and_the_picker_follows_them():
     assert picker.choose("m/a", views) == 0  # the queue outweighs 0.2 of affinity
     ties = {picker.choose("m/a", [view(), view()]) for _ in range(50)}
     assert ties == {0, 1}  # max-score-picker breaks ties at random
+    # Running requests count only with the running-requests-size-scorer: a replica running
+    # the adapter three times over loses to an idle one with room for it.
+    views = [view(active=["m/x"]), view(active=["m/a", "m/a2"])]
+    views[1] = EndpointMetrics(0, 3, 0.1, frozenset(["m/a"]), frozenset(), 2)
+    assert picker.choose("m/a", views) == 1  # 1 + 0.9 + 1 beats 1 + 0.9 + 0.8
+    assert PickerWithRunning(2, seed=0).choose("m/a", views) == 0  # + 1 vs + 0
 
 
 def test_requests_decode_once_without_fallback():

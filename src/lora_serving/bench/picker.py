@@ -15,6 +15,8 @@ pkg/epp/framework/plugins/datalayer/extractor/metrics/{extractor,spec,loraspec}.
 
 Scoring (pkg/epp/framework/plugins/scheduling/scorer/...):
 - `queue-scorer`: (max queue - queue) / (max - min) over the candidates; 1 for all if equal.
+- `running-requests-size-scorer`: the same over running requests (not in our profile; the
+  routing study tries it).
 - `kv-cache-utilization-scorer`: 1 - KV usage.
 - `lora-affinity-scorer`: 1.0 target active; 0.8 else if active + waiting < max_lora; 0.6
   else if target waiting; 0.0 otherwise.
@@ -101,6 +103,14 @@ def queue_scores(endpoints: Mapping[str, EndpointMetrics]) -> dict[str, float]:
     return {name: (high - size) / (high - low) for name, size in sizes.items()}
 
 
+def running_scores(endpoints: Mapping[str, EndpointMetrics]) -> dict[str, float]:
+    sizes = {name: m.running_requests_size for name, m in endpoints.items()}
+    low, high = min(sizes.values()), max(sizes.values())
+    if low == high:
+        return dict.fromkeys(sizes, 1.0)
+    return {name: (high - size) / (high - low) for name, size in sizes.items()}
+
+
 def kv_cache_scores(endpoints: Mapping[str, EndpointMetrics]) -> dict[str, float]:
     return {name: 1 - m.kv_cache_usage_percent for name, m in endpoints.items()}
 
@@ -123,6 +133,7 @@ def scores(
     """Each endpoint's weighted total over the profile's scorers."""
     parts = {
         "queue-scorer": queue_scores(endpoints),
+        "running-requests-size-scorer": running_scores(endpoints),
         "kv-cache-utilization-scorer": kv_cache_scores(endpoints),
         "lora-affinity-scorer": {
             name: lora_affinity_score(target_model, m) for name, m in endpoints.items()

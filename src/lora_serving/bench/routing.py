@@ -12,7 +12,8 @@ arriving as a Poisson process, each sent to a replica's OpenAI front as
 - `picker`: the endpoint picker's published scoring (llm-d Router v0.10.0: queue-scorer,
   kv-cache-utilization-scorer, lora-affinity-scorer, weights of k8s/inference-gateway/epp.yaml,
   max-score-picker; `lora_serving.bench.picker`) over each replica's /metrics as last scraped
-  (every 50 ms, the picker's default period, in both policies).
+  (every 50 ms, the picker's default period, in every policy);
+- `picker_running`: the same plus the picker's running-requests-size-scorer (weight 1).
 
 Measured per policy: adapter loads per request (Triton's lora_adapter_slot_loads_total /
 lora_adapter_cache_loads_total, both replicas, over the replay), latency p50/p99 (send to
@@ -60,7 +61,7 @@ class StudyConfig:
     max_tokens: int = 32
     seed: int = 16
     scrape_interval_s: float = 0.05
-    policies: tuple[str, ...] = ("round_robin", "picker")
+    policies: tuple[str, ...] = ("round_robin", "picker", "picker_running")
 
 
 @dataclass(frozen=True)
@@ -112,18 +113,27 @@ class RoundRobin:
 
 class PickerScoring:
     name = "picker"
+    extra_weights: dict[str, float] = {}
 
     def __init__(self, replicas: int, seed: int):
+        from lora_serving.bench.picker import WEIGHTS
+
         self._rng = random.Random(seed)
+        self.weights = {**WEIGHTS, **self.extra_weights}
 
     def choose(self, model_id: str, views: list) -> int:
         from lora_serving.bench.picker import pick
 
         endpoints = {str(index): view for index, view in enumerate(views)}
-        return int(pick(model_id, endpoints, rng=self._rng))
+        return int(pick(model_id, endpoints, self.weights, rng=self._rng))
 
 
-POLICIES = {policy.name: policy for policy in (RoundRobin, PickerScoring)}
+class PickerWithRunning(PickerScoring):
+    name = "picker_running"
+    extra_weights = {"running-requests-size-scorer": 1.0}
+
+
+POLICIES = {policy.name: policy for policy in (RoundRobin, PickerScoring, PickerWithRunning)}
 
 
 # ---- results ----------------------------------------------------------------------------------
