@@ -74,3 +74,9 @@ def test_summary():
     assert summary["slot_loads_per_request"] == 1.0
     assert summary["p50_s"] == 2.0 and summary["throughput_rps"] == 0.5
     assert summary["affinity_hits"] == pytest.approx(1 / 3)
+    # In flight when each was sent: the first found nothing, the second one request on the
+    # other replica, the third one on each (the first ends as it is sent).
+    assert summary["sent_to_busier_replica"] == 0.0
+    assert summary["in_flight_difference"] == pytest.approx((0 - 1 + 0) / 3)
+    busy = outcomes + [Outcome("r02", 1, 3.1, 1.0, True, False)]  # only r01 runs then
+    assert PolicyResult("rr", busy, 0, 0, 4.0).summary()["sent_to_busier_replica"] == 0.25

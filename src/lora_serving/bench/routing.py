@@ -157,10 +157,24 @@ class PolicyResult:
     wall_s: float
     views: list[list[int]] = field(default_factory=list)  # [t, running adapters per replica]
 
+    def busier_choices(self) -> tuple[float, float]:
+        """(share of requests sent to the replica with more requests in flight, mean of
+        in flight there minus in flight on the other), from the client's own timings."""
+        busier, difference = 0, 0
+        for o in self.outcomes:
+            counts = Counter(
+                p.replica for p in self.outcomes if p.sent_at < o.sent_at <= p.sent_at + p.latency_s
+            )
+            mine, other = counts[o.replica], counts[1 - o.replica]
+            busier += mine > other
+            difference += mine - other
+        return busier / len(self.outcomes), difference / len(self.outcomes)
+
     def summary(self) -> dict:
         from lora_serving.bench.stats import percentile
 
         ok = [o for o in self.outcomes if o.ok]
+        busier, difference = self.busier_choices()
         latencies = [o.latency_s for o in ok]
         per_replica = Counter(o.replica for o in self.outcomes)
         return {
@@ -178,7 +192,22 @@ class PolicyResult:
             "wall_s": self.wall_s,
             "affinity_hits": sum(o.affinity_hit for o in self.outcomes) / len(self.outcomes),
             "requests_per_replica": [per_replica.get(i, 0) for i in range(2)],
+            "sent_to_busier_replica": busier,
+            "in_flight_difference": difference,
         }
+
+    @classmethod
+    def from_json(cls, policy: str, data: dict) -> "PolicyResult":
+        (summary,) = [s for s in data["summaries"] if s["policy"] == policy]
+        outcomes = [Outcome(**o) for o in data["outcomes"][policy]]
+        return cls(
+            policy,
+            outcomes,
+            summary["slot_loads"],
+            summary["cache_loads"],
+            summary["wall_s"],
+            data["timelines"][policy],
+        )
 
 
 # ---- replicas ---------------------------------------------------------------------------------
@@ -455,8 +484,9 @@ def report(config: StudyConfig, results: list[PolicyResult], trace, out: Path) -
     top = ", ".join(f"{name} {count}" for name, count in popularity.most_common(4))
     lines = [
         "| policy | slot loads / request | disk loads / request | p50 s | p99 s | mean s "
-        "| throughput req/s | chosen replica ran the adapter | requests per replica | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| throughput req/s | chosen replica ran the adapter | sent to the busier replica "
+        "| requests per replica | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for row in rows:
         lines.append(
@@ -464,6 +494,7 @@ def report(config: StudyConfig, results: list[PolicyResult], trace, out: Path) -
             f"| {row['cache_loads_per_request']:.3f} ({row['cache_loads']}) "
             f"| {row['p50_s']:.2f} | {row['p99_s']:.2f} | {row['mean_s']:.2f} "
             f"| {row['throughput_rps']:.2f} | {row['affinity_hits']:.0%} "
+            f"| {row['sent_to_busier_replica']:.0%} "
             f"| {row['requests_per_replica']} | {row['errors']} |"
         )
     return "\n".join(
@@ -494,7 +525,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-rps", type=float, default=defaults.rate_rps)
     parser.add_argument("--zipf-s", type=float, default=defaults.zipf_s)
     parser.add_argument("--policies", nargs="+", default=list(defaults.policies))
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite table.md and routing.png from --out's results.json (no servers)",
+    )
     args = parser.parse_args(argv)
+    if args.report_only:
+        data = json.loads((args.out / "results.json").read_text())
+        config = StudyConfig(**{**data["config"], "policies": tuple(data["config"]["policies"])})
+        results = [PolicyResult.from_json(policy, data) for policy in config.policies]
+        write_report(config, results, make_trace(config), args.out, data)
+        return 0
     if shutil.which("espeak-ng") is None:
         print("espeak-ng is missing: run `make setup`", file=sys.stderr)
         return 1
@@ -517,17 +559,22 @@ def main(argv: list[str] | None = None) -> int:
     results = [
         run_policy(config, name, trace, audio, adapters, args.work) for name in config.policies
     ]
+    write_report(config, results, trace, args.out, {})
+    return 0
+
+
+def write_report(config, results, trace, out: Path, previous: dict) -> None:
     data = {
+        **previous,
         "config": asdict(config),
         "summaries": [r.summary() for r in results],
         "outcomes": {r.policy: [asdict(o) for o in r.outcomes] for r in results},
         "timelines": {r.policy: r.views for r in results},
     }
-    (args.out / "results.json").write_text(json.dumps(data, indent=1))
-    plot(results, args.out / "routing.png")
-    (args.out / "table.md").write_text(report(config, results, trace, args.out) + "\n")
-    print((args.out / "table.md").read_text())
-    return 0
+    (out / "results.json").write_text(json.dumps(data, indent=1))
+    plot(results, out / "routing.png")
+    (out / "table.md").write_text(report(config, results, trace, out) + "\n")
+    print((out / "table.md").read_text())
 
 
 if __name__ == "__main__":
