@@ -156,6 +156,7 @@ class PolicyResult:
     cache_loads: int
     wall_s: float
     views: list[list[int]] = field(default_factory=list)  # [t, running adapters per replica]
+    other_cpu_cores: float = math.nan  # CPU used by processes not of this study, during replay
 
     def busier_choices(self) -> tuple[float, float]:
         """(share of requests sent to the replica with more requests in flight, mean of
@@ -194,6 +195,7 @@ class PolicyResult:
             "requests_per_replica": [per_replica.get(i, 0) for i in range(2)],
             "sent_to_busier_replica": busier,
             "in_flight_difference": difference,
+            "other_cpu_cores": self.other_cpu_cores,
         }
 
     @classmethod
@@ -207,6 +209,7 @@ class PolicyResult:
             summary["cache_loads"],
             summary["wall_s"],
             data["timelines"][policy],
+            summary.get("other_cpu_cores", math.nan),
         )
 
 
@@ -409,8 +412,27 @@ def warm_up(replicas, audio) -> None:
         response.raise_for_status()
 
 
-def run_policy(config, name, trace, audio, adapters, work) -> PolicyResult:
-    logs = work / "logs" / name
+def cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds the machine has been busy, CPU seconds of this process and its children)."""
+    import psutil
+
+    times = psutil.cpu_times()
+    busy = sum(  # guest time is already in user time
+        getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal")
+    )
+    ours = 0.0
+    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            used = process.cpu_times()
+            ours += used.user + used.system
+        except psutil.Error:
+            pass
+    return busy, ours
+
+
+def run_policy(config, name, trace, audio, adapters, work, label=None) -> PolicyResult:
+    label = label or name
+    logs = work / "logs" / label
     logs.mkdir(parents=True, exist_ok=True)
     repos = [build_repository(config, work, core, adapters) for core in (0, 1)]
     replicas = [Replica(repo, index, logs) for index, repo in enumerate(repos)]
@@ -420,17 +442,22 @@ def run_policy(config, name, trace, audio, adapters, work) -> PolicyResult:
             replica.server.wait_ready(timeout_s=600)
         for replica in replicas:
             replica.start_front()
-        print(f"[{name}] two replicas ready in {time.monotonic() - started:.0f} s", flush=True)
+        print(f"[{label}] two replicas ready in {time.monotonic() - started:.0f} s", flush=True)
         warm_up(replicas, audio)
         before = [replica.adapter_loads() for replica in replicas]
         policy = POLICIES[name](len(replicas), config.seed)
+        cpu_before = cpu_seconds()
         result = asyncio.run(replay(config, trace, audio, replicas, policy))
+        cpu_after = cpu_seconds()
+        result.policy = label
+        other = (cpu_after[0] - cpu_before[0]) - (cpu_after[1] - cpu_before[1])
+        result.other_cpu_cores = max(0.0, other) / result.wall_s
         time.sleep(1.0)  # the last jobs' counts reach Triton's metrics
         after = [replica.adapter_loads() for replica in replicas]
         result.slot_loads = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
         result.cache_loads = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
         summary = result.summary()
-        print(f"[{name}] {json.dumps(summary)}", flush=True)
+        print(f"[{label}] {json.dumps(summary)}", flush=True)
         return result
     finally:
         for replica in replicas:
@@ -485,8 +512,8 @@ def report(config: StudyConfig, results: list[PolicyResult], trace, out: Path) -
     lines = [
         "| policy | slot loads / request | disk loads / request | p50 s | p99 s | mean s "
         "| throughput req/s | chosen replica ran the adapter | sent to the busier replica "
-        "| requests per replica | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| requests per replica | errors | other processes' CPU (cores) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for row in rows:
         lines.append(
@@ -495,7 +522,8 @@ def report(config: StudyConfig, results: list[PolicyResult], trace, out: Path) -
             f"| {row['p50_s']:.2f} | {row['p99_s']:.2f} | {row['mean_s']:.2f} "
             f"| {row['throughput_rps']:.2f} | {row['affinity_hits']:.0%} "
             f"| {row['sent_to_busier_replica']:.0%} "
-            f"| {row['requests_per_replica']} | {row['errors']} |"
+            f"| {row['requests_per_replica']} | {row['errors']} "
+            f"| {row['other_cpu_cores']:.2f} |"
         )
     return "\n".join(
         [
@@ -534,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         data = json.loads((args.out / "results.json").read_text())
         config = StudyConfig(**{**data["config"], "policies": tuple(data["config"]["policies"])})
-        results = [PolicyResult.from_json(policy, data) for policy in config.policies]
+        results = [PolicyResult.from_json(s["policy"], data) for s in data["summaries"]]
         write_report(config, results, make_trace(config), args.out, data)
         return 0
     if shutil.which("espeak-ng") is None:
@@ -556,9 +584,11 @@ def main(argv: list[str] | None = None) -> int:
     adapters = make_adapters(config, args.work)
     audio = synthesise(args.work)
     trace = make_trace(config)
-    results = [
-        run_policy(config, name, trace, audio, adapters, args.work) for name in config.policies
-    ]
+    results, seen = [], Counter()
+    for name in config.policies:  # a policy named again is a repeat round: "picker #2"
+        seen[name] += 1
+        label = name if seen[name] == 1 else f"{name} #{seen[name]}"
+        results.append(run_policy(config, name, trace, audio, adapters, args.work, label))
     write_report(config, results, trace, args.out, {})
     return 0
 
