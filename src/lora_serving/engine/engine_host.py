@@ -76,6 +76,7 @@ class EngineHost:
         # Adapter loads (vllm activate_adapter / _load_adapter, counted by our extension).
         self._adapter_loads_wanted = ours and settings.lora_enabled
         self._engine_counts_task: asyncio.Task | None = None
+        self._engine_counts_again = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="engine-loop", daemon=True
@@ -196,11 +197,13 @@ class EngineHost:
 
     def _refresh_engine_counts(self) -> None:
         """Read the engine's encoder counts and adapter loads in the background (one read at a
-        time)."""
+        time; asked during a read, one more read follows it, so the last job is counted)."""
         if self._engine is None or not (self._encoder_counts_wanted or self._adapter_loads_wanted):
             return
         if self._engine_counts_task is not None and not self._engine_counts_task.done():
+            self._engine_counts_again = True
             return
+        self._engine_counts_again = False
 
         async def ask(method: str, what: str) -> dict | None:
             try:
@@ -225,7 +228,12 @@ class EngineHost:
                         EncoderWork(counts["encoder_runs"], counts["encoder_reuses"])
                     )
 
+        def again(_task) -> None:
+            if self._engine_counts_again and not self._closing:
+                self._refresh_engine_counts()
+
         self._engine_counts_task = asyncio.ensure_future(read())
+        self._engine_counts_task.add_done_callback(again)
 
     async def _ask_engine(self, what: str, call: Coroutine, timeout_s: float):
         """An engine utility call, bounded: one sent as the engine dies is never answered."""
