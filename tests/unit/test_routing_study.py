@@ -9,6 +9,7 @@ from lora_serving.bench.picker import EndpointMetrics
 from lora_serving.bench.routing import (
     Outcome,
     PickerScoring,
+    PickerWarmSlots,
     PickerWithRunning,
     PolicyResult,
     RoundRobin,
@@ -54,6 +55,13 @@ def test_round_robin_ignores_the_metrics_and_the_picker_follows_them():
     views[1] = EndpointMetrics(0, 3, 0.1, frozenset(["m/a"]), frozenset(), 2)
     assert picker.choose("m/a", views) == 1  # 1 + 0.9 + 1 beats 1 + 0.9 + 0.8
     assert PickerWithRunning(2, seed=0).choose("m/a", views) == 0  # + 1 vs + 0
+
+
+def test_the_what_if_policy_counts_adapters_in_slots_as_running():
+    views = [view(active=["m/x"]), view(active=["m/y"])]
+    warm = PickerWarmSlots(2, seed=0)
+    assert {warm.choose("m/a", views, [frozenset(), frozenset({"m/a"})]) for _ in range(5)} == {1}
+    assert {warm.choose("m/a", views, None) for _ in range(20)} == {0, 1}  # no listing: a tie
 
 
 def test_requests_decode_once_without_fallback():

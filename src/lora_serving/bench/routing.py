@@ -13,7 +13,11 @@ arriving as a Poisson process, each sent to a replica's OpenAI front as
   kv-cache-utilization-scorer, lora-affinity-scorer, weights of k8s/inference-gateway/epp.yaml,
   max-score-picker; `lora_serving.bench.picker`) over each replica's /metrics as last scraped
   (every 50 ms, the picker's default period, in every policy);
-- `picker_running`: the same plus the picker's running-requests-size-scorer (weight 1).
+- `picker_running`: the same plus the picker's running-requests-size-scorer (weight 1);
+- `picker_warm` (what-if, not the protocol): `picker` with the adapters sitting in a replica's
+  LoRA slots counted as running (the protocol's text describes running_lora_adapters as
+  "loaded in GPU memory and ready to serve"; vLLM, and we, publish adapters of running
+  requests), read from each replica's `adapter_command` "list" every 250 ms.
 
 Measured per policy: adapter loads per request (Triton's lora_adapter_slot_loads_total /
 lora_adapter_cache_loads_total, both replicas, over the replay), latency p50/p99 (send to
@@ -133,7 +137,49 @@ class PickerWithRunning(PickerScoring):
     extra_weights = {"running-requests-size-scorer": 1.0}
 
 
-POLICIES = {policy.name: policy for policy in (RoundRobin, PickerScoring, PickerWithRunning)}
+class PickerWarmSlots(PickerScoring):
+    """What-if: the LoRA affinity scorer told which adapters sit in each replica's slots."""
+
+    name = "picker_warm"
+    wants_slots = True
+
+    def choose(self, model_id: str, views: list, slots: list | None = None) -> int:
+        import dataclasses
+
+        if slots is not None:
+            views = [
+                dataclasses.replace(view, active_models=view.active_models | warm)
+                for view, warm in zip(views, slots, strict=True)
+            ]
+        return super().choose(model_id, views)
+
+
+POLICIES = {
+    policy.name: policy
+    for policy in (RoundRobin, PickerScoring, PickerWithRunning, PickerWarmSlots)
+}
+
+
+async def poll_slots(grpc_url: str, slots: list, index: int, stop, interval_s=0.25) -> None:
+    """slots[index] = ids of the adapters in the replica's LoRA slots (its "list" answer)."""
+    from lora_openai.triton import TritonGateway
+
+    gateway = TritonGateway(grpc_url)
+    try:
+        while not stop.is_set():
+            try:
+                reply = await gateway.complete(MODEL, {"adapter_command": "list"})
+                listing = json.loads(reply.outputs.get("text_output") or "{}")
+                slots[index] = frozenset(
+                    f"{MODEL}/{a['name']}"
+                    for a in listing.get("adapters", [])
+                    if a.get("state") == "loaded"
+                )
+            except Exception:  # keep the last listing
+                pass
+            await asyncio.sleep(interval_s)
+    finally:
+        await gateway.close()
 
 
 # ---- results ----------------------------------------------------------------------------------
@@ -348,6 +394,13 @@ async def replay(config, trace, audio, replicas, policy) -> PolicyResult:
                 await asyncio.sleep(config.scrape_interval_s)
 
         scrapers = [asyncio.create_task(scrape(i)) for i in range(len(urls))]
+        slots = None
+        if getattr(policy, "wants_slots", False):
+            slots = [frozenset()] * len(urls)
+            scrapers += [
+                asyncio.create_task(poll_slots(f"127.0.0.1:{r.server.grpc}", slots, i, stop))
+                for i, r in enumerate(replicas)
+            ]
         while any(v is None for v in views):
             await asyncio.sleep(0.05)
         start = time.monotonic()
@@ -388,7 +441,10 @@ async def replay(config, trace, audio, replicas, policy) -> PolicyResult:
                 await asyncio.sleep(delay)
             model_id = f"{MODEL}/{item.adapter}"
             snapshot = list(views)
-            index = policy.choose(model_id, snapshot)
+            if slots is None:
+                index = policy.choose(model_id, snapshot)
+            else:
+                index = policy.choose(model_id, snapshot, list(slots))
             hit = model_id in snapshot[index].active_models
             tasks.append(asyncio.create_task(send(item, index, hit)))
         outcomes = await asyncio.gather(*tasks)
