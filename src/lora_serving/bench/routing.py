@@ -537,7 +537,7 @@ def plot(results: list[PolicyResult], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for result in results:
         latencies = sorted(o.latency_s for o in result.outcomes if o.ok)
         ys = [(i + 1) / len(latencies) for i in range(len(latencies))]
@@ -552,7 +552,7 @@ def plot(results: list[PolicyResult], path: Path) -> None:
     xs = range(len(names))
     right.bar([x - 0.2 for x in xs], per_request, 0.4, label="into a LoRA slot")
     right.bar([x + 0.2 for x in xs], cache, 0.4, label="from disk into the cache")
-    right.set_xticks(list(xs), names)
+    right.set_xticks(list(xs), names, rotation=25, ha="right")
     right.set_ylabel("adapter loads per request")
     right.set_title("Adapter loads")
     right.legend()
@@ -649,15 +649,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _rounded(row: dict) -> dict:
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+
+
 def write_report(config, results, trace, out: Path, previous: dict) -> None:
     data = {
         **previous,
         "config": asdict(config),
         "summaries": [r.summary() for r in results],
-        "outcomes": {r.policy: [asdict(o) for o in r.outcomes] for r in results},
+        "outcomes": {r.policy: [_rounded(asdict(o)) for o in r.outcomes] for r in results},
         "timelines": {r.policy: r.views for r in results},
     }
-    (out / "results.json").write_text(json.dumps(data, indent=1))
+    (out / "results.json").write_text(json.dumps(data, separators=(",", ":")))
     plot(results, out / "routing.png")
     (out / "table.md").write_text(report(config, results, trace, out) + "\n")
     print((out / "table.md").read_text())
