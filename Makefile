@@ -115,3 +115,14 @@ finetune: setup
 finetune-eval: setup
 	@$(PY) -m lora_serving.finetune evaluate pharma_decoder pharma_all_layers \
 		--url 127.0.0.1:$(GRPC_PORT)
+
+# ---- Routing study (issue 16) -----------------------------------------------------------------
+# Two replicas (whisper_lora only, 2 LoRA slots each) replay one trace of requests for 12 adapters
+# with Zipf popularity, routed round-robin and by the endpoint picker's scoring over each
+# replica's /metrics (lora_serving/bench/picker.py); writes results.json, table.md and
+# routing.png (docs/routing-study.md has the measured numbers). About 10 minutes here.
+# make routing-study ROUTING_ARGS="--rate-rps 1.5 --requests 300"
+ROUTING_ARGS ?=
+.PHONY: routing-study
+routing-study: setup
+	@$(PY) -m lora_serving.bench.routing $(ROUTING_ARGS)

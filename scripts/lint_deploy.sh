@@ -3,7 +3,10 @@
 #   docker/Dockerfile              hadolint
 #   docker/compose.yaml            the compose-spec JSON schema (check-jsonschema's vendored copy)
 #   k8s/*.yaml                     Kubernetes' JSON schemas, strict (no unknown fields), for the
-#                                  oldest and newest Kubernetes versions we target
+#   k8s/inference-gateway/epp.yaml oldest and newest Kubernetes versions we target
+#   k8s/inference-gateway/{inference-pool,httproute}.yaml
+#                                  their CRDs' schemas, strict (k8s/schemas/, from the upstream
+#                                  CRDs by scripts/crd_schema.py; check-jsonschema)
 #   docker/compose.yaml, k8s/      yamllint
 #   docker/entrypoint.sh, scripts/{lint_deploy,gpu_check,gpu_venv,genai_perf,openai_sdk,peer_env}.sh  shellcheck
 #   requirements/, pyproject.toml  the GPU lock's inputs, the `gpu` extra and the CPU lock's inputs
@@ -22,7 +25,12 @@ CACHE=${LORA_SERVING_CACHE:-$HOME/.cache/lora-serving}
 TOOLS=$CACHE/lint-tools
 # Kubernetes versions the manifests are checked against (kubernetes-validate ships 1.25-1.37).
 KUBE_VERSIONS=(1.30.0 1.37.0)
-MANIFESTS=(k8s/pvc.yaml k8s/deployment.yaml k8s/service.yaml k8s/hpa.yaml)
+MANIFESTS=(k8s/pvc.yaml k8s/deployment.yaml k8s/service.yaml k8s/hpa.yaml
+  k8s/inference-gateway/epp.yaml)
+# Custom resources: manifest=schema (InferencePool: gateway-api-inference-extension v1.6.0;
+# HTTPRoute: Gateway API v1.6.1).
+CUSTOM_RESOURCES=(k8s/inference-gateway/inference-pool.yaml=k8s/schemas/inferencepool-v1.json
+  k8s/inference-gateway/httproute.yaml=k8s/schemas/httproute-v1.json)
 SHELL_SCRIPTS=(docker/entrypoint.sh scripts/lint_deploy.sh scripts/gpu_check.sh scripts/gpu_venv.sh
   scripts/genai_perf.sh scripts/openai_sdk.sh scripts/peer_env.sh)
 YAMLLINT_CONFIG='{extends: default, rules: {line-length: {max: 100}, document-start: disable}}'
@@ -66,6 +74,10 @@ run "compose-spec schema: docker/compose.yaml" \
 for version in "${KUBE_VERSIONS[@]}"; do
   run "kubernetes-validate --strict (Kubernetes $version): ${MANIFESTS[*]}" \
     "$bin/kubernetes-validate" --strict --no-warn -k "$version" "${MANIFESTS[@]}"
+done
+for pair in "${CUSTOM_RESOURCES[@]}"; do
+  run "CRD schema, strict: ${pair%%=*}" \
+    "$bin/check-jsonschema" --schemafile "${pair##*=}" "${pair%%=*}"
 done
 run "yamllint docker/compose.yaml k8s/" "$bin/yamllint" --strict -d "$YAMLLINT_CONFIG" \
   docker/compose.yaml k8s

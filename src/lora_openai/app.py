@@ -2,7 +2,9 @@
 
 `create_app(settings, gateway=...)` builds it; the gateway (lora_openai.triton.TritonGateway
 unless a test passes another) is created when the app starts and closed when it stops. More
-routes (issue 16's /metrics) are added the same way: a function registered on the app.
+routes are added the same way: a function registered on the app. `/metrics` serves the
+engines' load in the endpoint picker's protocol (lora_openai.picker_metrics), read from
+Triton's metrics endpoint (lora_openai.engine_load).
 """
 
 import asyncio
@@ -16,7 +18,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lora_openai import audio, chat
+from lora_openai import audio, chat, picker_metrics
+from lora_openai.engine_load import TritonLoadReader
 from lora_openai.errors import OpenAIError, bad_request, unknown_model
 from lora_openai.limits import BodySizeLimit
 from lora_openai.models import ModelCatalog
@@ -29,6 +32,7 @@ MiB = 1024 * 1024
 @dataclass(frozen=True)
 class FrontSettings:
     triton_url: str = "127.0.0.1:8001"
+    triton_metrics_url: str = "http://127.0.0.1:8002/metrics"  # read for our /metrics
     max_body_bytes: int = 25 * MiB  # OpenAI's own audio upload limit
     allow_image_urls: bool = False  # fetch http(s) image_url parts (off: data URLs only)
     image_fetch_timeout_s: float = 10.0
@@ -108,6 +112,7 @@ async def _errors_as_events(events: AsyncIterator[str], replies) -> AsyncIterato
 def create_app(
     settings: FrontSettings,
     gateway_factory: Callable[[str], TritonGateway] = TritonGateway,
+    load_reader_factory: Callable[[str], TritonLoadReader] = TritonLoadReader,
 ) -> FastAPI:
     state: dict = {}
 
@@ -115,9 +120,11 @@ def create_app(
         gateway = gateway_factory(settings.triton_url)
         state["gateway"] = gateway
         state["catalog"] = ModelCatalog(gateway, ttl_s=settings.models_ttl_s)
+        state["load"] = load_reader_factory(settings.triton_metrics_url)
         try:
             yield
         finally:
+            await state["load"].close()
             await gateway.close()
 
     app = FastAPI(title="lora-serving OpenAI API", lifespan=lifespan)
@@ -142,6 +149,14 @@ def create_app(
         if await state["gateway"].server_ready():
             return {"status": "ok"}
         raise OpenAIError(503, f"Triton at {settings.triton_url} is not ready", code="not_ready")
+
+    @app.get("/metrics")
+    async def metrics():
+        """The engines' load in the endpoint picker's protocol (llm-d Router / Gateway API
+        Inference Extension); 503 while Triton's metrics cannot be read."""
+        snapshot = await state["load"].read()
+        body = picker_metrics.render(snapshot.load, snapshot.read_at)
+        return Response(body, media_type=picker_metrics.CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def list_models():

@@ -1,6 +1,7 @@
 """lora-openai: the OpenAI-compatible API in front of a running tritonserver.
 
 lora-openai --triton-url 127.0.0.1:8001 --port 9000 [--host 127.0.0.1] [--allow-image-urls]
+            [--triton-metrics-url http://127.0.0.1:8002/metrics]
 """
 
 import argparse
@@ -16,6 +17,12 @@ def main(argv: list[str] | None = None) -> int:
         "--triton-url",
         default=f"127.0.0.1:{os.environ.get('GRPC_PORT', 8001)}",
         help="Triton's gRPC address, HOST:PORT (default 127.0.0.1:$GRPC_PORT or :8001)",
+    )
+    parser.add_argument(
+        "--triton-metrics-url",
+        default=f"http://127.0.0.1:{os.environ.get('METRICS_PORT', 8002)}/metrics",
+        help="Triton's metrics endpoint, read for this front's /metrics (the endpoint "
+        "picker's protocol); default http://127.0.0.1:$METRICS_PORT/metrics or :8002",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("OPENAI_PORT", 9000)))
@@ -34,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     settings = FrontSettings(
         triton_url=args.triton_url,
+        triton_metrics_url=args.triton_metrics_url,
         max_body_bytes=int(args.max_body_mb * MiB),
         allow_image_urls=args.allow_image_urls,
     )

@@ -161,7 +161,13 @@ class OpenAIFront:
     own process group; `stop()` ends it. It holds no model, so it starts in about a second."""
 
     def __init__(
-        self, triton_grpc: int, port: int, *, host="127.0.0.1", log_path: Path | None = None
+        self,
+        triton_grpc: int,
+        port: int,
+        *,
+        triton_metrics: int = 8002,
+        host="127.0.0.1",
+        log_path: Path | None = None,
     ):
         self.port, self.host = port, host
         self.log_path = log_path
@@ -173,6 +179,8 @@ class OpenAIFront:
                 "lora_openai",
                 "--triton-url",
                 f"127.0.0.1:{triton_grpc}",
+                "--triton-metrics-url",
+                f"http://127.0.0.1:{triton_metrics}/metrics",
                 "--host",
                 host,
                 "--port",
@@ -271,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = server.wait_ready(timeout_s=900)
         openai = ""
         if args.openai_port:
-            front = OpenAIFront(args.grpc_port, args.openai_port)
+            front = OpenAIFront(args.grpc_port, args.openai_port, triton_metrics=args.metrics_port)
             front.wait_listening()
             openai = f", OpenAI API {front.url}/v1"
         print(

@@ -42,10 +42,13 @@ class RequestRefused:
 
 @dataclass(frozen=True)
 class SchedulerLoad:
-    """Engine requests running / waiting per adapter label (vLLM's scheduler statistics)."""
+    """One engine's scheduler statistics: requests running / waiting per adapter label, the
+    fraction of its KV cache in use (0..1) and its LoRA slots (max_loras; 0: LoRA off)."""
 
     running: Mapping[str, int]
     waiting: Mapping[str, int]
+    kv_cache_usage: float = 0.0
+    max_loras: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,15 @@ class EncoderWork:
 
     runs: int
     reuses: int
+
+
+@dataclass(frozen=True)
+class AdapterLoads:
+    """Adapters loaded so far (totals since counting started): into a LoRA slot, and from
+    their folder into the engine's adapter cache."""
+
+    slot_loads: int
+    cache_loads: int
 
 
 @dataclass(frozen=True)
@@ -72,13 +84,22 @@ class NoMetrics:
         pass
 
 
+KV_USAGE_STEP = 0.001  # KV cache usage is reported in steps of 0.1 %
+
+
 def scheduler_load(
     num_running: int,
     num_waiting: int,
     running_by_engine_name: Mapping[str, int],
     waiting_by_engine_name: Mapping[str, int],
+    *,
+    kv_cache_usage: float = 0.0,
+    max_loras: int = 0,
 ) -> SchedulerLoad:
-    """vLLM counts per engine name (`name@id`); base-model requests are the remainder."""
+    """vLLM counts per engine name (`name@id`); base-model requests are the remainder.
+
+    The KV cache usage is rounded to KV_USAGE_STEP: it moves with every block allocated, and
+    each change is a metrics update in the Triton process."""
 
     def by_label(total: int, per_engine_name: Mapping[str, int]) -> dict[str, int]:
         labels: dict[str, int] = {}
@@ -88,8 +109,12 @@ def scheduler_load(
         labels[BASE_LABEL] = max(0, total - sum(labels.values()))
         return labels
 
+    kv = min(1.0, max(0.0, round(kv_cache_usage / KV_USAGE_STEP) * KV_USAGE_STEP))
     return SchedulerLoad(
-        by_label(num_running, running_by_engine_name), by_label(num_waiting, waiting_by_engine_name)
+        by_label(num_running, running_by_engine_name),
+        by_label(num_waiting, waiting_by_engine_name),
+        kv_cache_usage=round(kv, 6),
+        max_loras=max_loras,
     )
 
 

@@ -47,7 +47,9 @@ def front(triton_server, tmp_path_factory):
     from lora_serving.launcher import OpenAIFront
 
     log_path = tmp_path_factory.mktemp("openai") / "lora-openai.log"
-    server = OpenAIFront(triton_server.grpc, _free_port(), log_path=log_path)
+    server = OpenAIFront(
+        triton_server.grpc, _free_port(), triton_metrics=triton_server.metrics, log_path=log_path
+    )
     try:
         server.wait_listening()
         yield f"{server.url}/v1"

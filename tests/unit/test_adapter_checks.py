@@ -179,6 +179,40 @@ def test_scheduler_counts_by_adapter_name_and_base_remainder():
     load = scheduler_load(5, 2, {"a@1": 2, "a@7": 1, "b@2": 1}, {"b@2": 2})
     assert load.running == {"a": 3, "b": 1, BASE_LABEL: 1}
     assert load.waiting == {"b": 2, BASE_LABEL: 0}
+    assert (load.kv_cache_usage, load.max_loras) == (0.0, 0)
+
+
+def test_scheduler_load_logger_reports_waiting_kv_usage_and_slots_as_vllm_counts_them():
+    from types import SimpleNamespace
+
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    from lora_serving.engine.stat_logger import SchedulerLoadLogger
+
+    events = []
+    sink = SimpleNamespace(record=events.append)
+    config = SimpleNamespace(lora_config=SimpleNamespace(max_loras=4))
+    logger = SchedulerLoadLogger(config, sink=sink)
+    logger.log_engine_initialized()  # an idle engine's slots are known before any request
+    assert events[-1].max_loras == 4 and events[-1].running == {BASE_LABEL: 0}
+    stats = SchedulerStats(
+        num_running_reqs=2,
+        num_waiting_reqs=1,
+        num_skipped_waiting_reqs=2,  # deferred: vllm:num_requests_waiting counts them too
+        kv_cache_usage=0.123456,
+        running_lora_adapters={"a@1": 2},
+        waiting_lora_adapters={"a@1": 0, "b@2": 3},
+    )
+    logger.record(stats, None)
+    logger.record(stats, None)  # unchanged: not sent again
+    assert len(events) == 2
+    load = events[-1]
+    assert load.running == {"a": 2, BASE_LABEL: 0}
+    assert load.waiting == {"a": 0, "b": 3, BASE_LABEL: 0}
+    assert (load.kv_cache_usage, load.max_loras) == (0.123, 4)  # in steps of 0.1 %
+    no_lora = SchedulerLoadLogger(SimpleNamespace(lora_config=None), sink=sink)
+    no_lora.record(stats, None)
+    assert events[-1].max_loras == 0
 
 
 def test_job_meter_counts_every_engine_request_and_first_output_token():

@@ -21,7 +21,12 @@ from typing import Any
 
 from lora_serving.adapters import Adapter
 from lora_serving.engine.job_guard import JobGuard
-from lora_serving.engine.lora_slots import ENCODER_COUNTS_METHOD, EXTENSION, SLOT_IDS_METHOD
+from lora_serving.engine.lora_slots import (
+    ADAPTER_LOADS_METHOD,
+    ENCODER_COUNTS_METHOD,
+    EXTENSION,
+    SLOT_IDS_METHOD,
+)
 from lora_serving.errors import EngineUnavailable, RequestCancelled, ServingError, UnknownAdapter
 from lora_serving.jobs import FINAL_ONLY, GenerationChunk, GenerationJob
 from lora_serving.metrics import (
@@ -29,6 +34,7 @@ from lora_serving.metrics import (
     ERROR,
     REFUSED,
     SUCCESS,
+    AdapterLoads,
     EncoderWork,
     JobMeter,
     MetricsSink,
@@ -65,11 +71,12 @@ class EngineHost:
         self._metrics = metrics
         self._slot_ids_available = True
         # Whisper's encoder work (vllm_plugin.whisper_encoder_memo), read after each job.
-        self._encoder_counts_wanted = settings.engine_args.get("worker_extension_cls") in (
-            None,
-            EXTENSION,
-        )
-        self._encoder_counts_task: asyncio.Task | None = None
+        ours = settings.engine_args.get("worker_extension_cls") in (None, EXTENSION)
+        self._encoder_counts_wanted = ours
+        # Adapter loads (vllm activate_adapter / _load_adapter, counted by our extension).
+        self._adapter_loads_wanted = ours and settings.lora_enabled
+        self._engine_counts_task: asyncio.Task | None = None
+        self._engine_counts_again = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="engine-loop", daemon=True
@@ -88,6 +95,8 @@ class EngineHost:
         future = asyncio.run_coroutine_threadsafe(self._create_engine(), self._loop)
         self._engine = future.result(timeout=timeout_s)
         self._log(f"engine ready: {self.settings.engine_args.get('model')}")
+        if self._metrics is not None:  # adapter loads are counted from here on
+            self._loop.call_soon_threadsafe(self._refresh_engine_counts)
 
     async def _create_engine(self):
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -186,26 +195,45 @@ class EngineHost:
                 self._log(f"adapter slots cannot be listed ({err!r}); listing the cache only")
         return slots & cached, cached
 
-    def _refresh_encoder_counts(self) -> None:
-        """Read the engine's encoder counts in the background (one read at a time)."""
-        if not self._encoder_counts_wanted or self._engine is None:
+    def _refresh_engine_counts(self) -> None:
+        """Read the engine's encoder counts and adapter loads in the background (one read at a
+        time; asked during a read, one more read follows it, so the last job is counted)."""
+        if self._engine is None or not (self._encoder_counts_wanted or self._adapter_loads_wanted):
             return
-        if self._encoder_counts_task is not None and not self._encoder_counts_task.done():
+        if self._engine_counts_task is not None and not self._engine_counts_task.done():
+            self._engine_counts_again = True
             return
+        self._engine_counts_again = False
+
+        async def ask(method: str, what: str) -> dict | None:
+            try:
+                call = self.engine.collective_rpc(method)
+                return (await self._ask_engine(what, call, QUERY_TIMEOUT_S))[0]
+            except Exception:  # no extension, or the engine is going: stop asking
+                return None
 
         async def read() -> None:
-            try:
-                call = self.engine.collective_rpc(ENCODER_COUNTS_METHOD)
-                counts = (await self._ask_engine("encoder counts", call, QUERY_TIMEOUT_S))[0]
-            except Exception:  # no extension, or the engine is going: stop asking
-                self._encoder_counts_wanted = False
-                return
-            if counts["encoder_runs"] < 0:  # not a Whisper engine
-                self._encoder_counts_wanted = False
-                return
-            self._metrics.record(EncoderWork(counts["encoder_runs"], counts["encoder_reuses"]))
+            if self._adapter_loads_wanted:
+                loads = await ask(ADAPTER_LOADS_METHOD, "adapter loads")
+                if not loads:
+                    self._adapter_loads_wanted = False
+                else:
+                    self._metrics.record(AdapterLoads(loads["slot_loads"], loads["cache_loads"]))
+            if self._encoder_counts_wanted:
+                counts = await ask(ENCODER_COUNTS_METHOD, "encoder counts")
+                if counts is None or counts["encoder_runs"] < 0:  # not a Whisper engine
+                    self._encoder_counts_wanted = False
+                else:
+                    self._metrics.record(
+                        EncoderWork(counts["encoder_runs"], counts["encoder_reuses"])
+                    )
 
-        self._encoder_counts_task = asyncio.ensure_future(read())
+        def again(_task) -> None:
+            if self._engine_counts_again and not self._closing:
+                self._refresh_engine_counts()
+
+        self._engine_counts_task = asyncio.ensure_future(read())
+        self._engine_counts_task.add_done_callback(again)
 
     async def _ask_engine(self, what: str, call: Coroutine, timeout_s: float):
         """An engine utility call, bounded: one sent as the engine dies is never answered."""
@@ -254,7 +282,7 @@ class EngineHost:
                 self._inflight -= 1
             if self._metrics is not None:
                 self._metrics.record(meter.finished(outcome))
-                self._refresh_encoder_counts()
+                self._refresh_engine_counts()
 
     async def _run(
         self, job: GenerationJob, stream: bool, meter: JobMeter

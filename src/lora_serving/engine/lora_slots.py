@@ -1,5 +1,6 @@
-"""A vLLM worker extension that tells which adapter ids sit in the engine's LoRA slots (and, for
-Whisper, how often the encoder ran: vllm_plugin.whisper_encoder_memo).
+"""A vLLM worker extension that tells which adapter ids sit in the engine's LoRA slots, how often
+adapters were loaded (into a slot, and from disk into the adapter cache) and, for Whisper, how
+often the encoder ran (vllm_plugin.whisper_encoder_memo).
 
 vLLM's `list_loras` gives every adapter in the engine's cache (max_cpu_loras); the listing also
 wants the ones in the max_loras slots a batch can use right now. vLLM injects this class into
@@ -10,6 +11,7 @@ it; our model hosts add the argument when LoRA is on and model.json names no oth
 EXTENSION = "lora_serving.engine.lora_slots.LoRASlotsExtension"
 SLOT_IDS_METHOD = "lora_serving_slot_ids"
 ENCODER_COUNTS_METHOD = "lora_serving_encoder_counts"
+ADAPTER_LOADS_METHOD = "lora_serving_adapter_loads"
 
 
 class LoRASlotsExtension:
@@ -19,6 +21,37 @@ class LoRASlotsExtension:
         manager = getattr(worker_manager, "_adapter_manager", None)
         slots = getattr(manager, "lora_index_to_id", None) or []
         return [int(lora_id) for lora_id in slots if lora_id is not None]
+
+    def lora_serving_adapter_loads(self) -> dict[str, int]:
+        """Adapter loads counted since the first call (which starts the counting):
+        `slot_loads`, an adapter moved into one of the max_loras slots a batch can use (vLLM's
+        activate_adapter said it was not there); `cache_loads`, an adapter read from its
+        folder into the max_cpu_loras cache. {} if this vLLM's managers are not the expected."""
+        worker_manager = getattr(self.model_runner, "lora_manager", None)
+        manager = getattr(worker_manager, "_adapter_manager", None)
+        if manager is None or not hasattr(worker_manager, "_load_adapter"):
+            return {}
+        counts = getattr(worker_manager, "_lora_serving_loads", None)
+        if counts is None:
+            counts = {"slot_loads": 0, "cache_loads": 0}
+            worker_manager._lora_serving_loads = counts
+            activate, load = manager.activate_adapter, worker_manager._load_adapter
+
+            def counted_activate(lora_id: int) -> bool:
+                activated = activate(lora_id)
+                counts["slot_loads"] += bool(activated)
+                return activated
+
+            def counted_load(lora_request):
+                loaded = load(lora_request)
+                counts["cache_loads"] += 1
+                return loaded
+
+            # Instance attributes: every self.activate_adapter / self._load_adapter call of
+            # these two objects goes through them; the classes stay vLLM's.
+            manager.activate_adapter = counted_activate
+            worker_manager._load_adapter = counted_load
+        return dict(counts)
 
     def lora_serving_encoder_counts(self) -> dict[str, int]:
         """Whisper encoder inputs computed / reused (vllm_plugin.whisper_encoder_memo)."""

@@ -8,7 +8,11 @@ adapter ("(base)": no adapter; "(unknown)": refused before its adapter was known
   lora_time_to_first_token_seconds       histogram: job start -> first generated token
   lora_request_latency_seconds           histogram: job start -> job end
   lora_requests_running / _waiting       gauges: engine requests per adapter (vLLM's scheduler)
+  lora_kv_cache_usage_perc               gauge: fraction of the engine's KV cache in use (0..1)
+  lora_max_loras                         gauge: the engine's LoRA slots (max_loras; 0: LoRA off)
   lora_adapters{state}                   gauge: served adapters loaded / cached / registered
+  lora_adapter_slot_loads_total          adapters moved into a LoRA slot (vLLM activate_adapter)
+  lora_adapter_cache_loads_total         adapters read from their folder into the engine's cache
   lora_encoder_runs_total                Whisper: audio windows the encoder computed
   lora_encoder_reuses_total              Whisper: engine requests that reused a window's encoder
                                          output (probe, retries, beam steps)
@@ -25,6 +29,7 @@ import triton_python_backend_utils as pb_utils
 
 from lora_serving.metrics import (
     REFUSED,
+    AdapterLoads,
     AdapterStates,
     EncoderWork,
     JobFinished,
@@ -46,7 +51,11 @@ _FAMILIES = {
     "latency": ("lora_request_latency_seconds", "HISTOGRAM", "Job latency, start to end"),
     "running": ("lora_requests_running", "GAUGE", "Engine requests running"),
     "waiting": ("lora_requests_waiting", "GAUGE", "Engine requests waiting to be scheduled"),
+    "kv_cache_usage": ("lora_kv_cache_usage_perc", "GAUGE", "KV cache usage, 1 = full"),
+    "max_loras": ("lora_max_loras", "GAUGE", "Adapters one batch can use (LoRA slots)"),
     "adapters": ("lora_adapters", "GAUGE", "Served adapters by state"),
+    "slot_loads": ("lora_adapter_slot_loads_total", "COUNTER", "Adapters loaded into a slot"),
+    "cache_loads": ("lora_adapter_cache_loads_total", "COUNTER", "Adapters read into the cache"),
     "encoder_runs": ("lora_encoder_runs_total", "COUNTER", "Audio windows encoded"),
     "encoder_reuses": ("lora_encoder_reuses_total", "COUNTER", "Encoder outputs reused"),
 }
@@ -72,6 +81,7 @@ class TritonMetrics:
         }
         self._series: dict[tuple, object] = {}
         self._gauges: dict[str, dict[str, int]] = {"running": {}, "waiting": {}}  # last values
+        self._engine_gauges: dict[str, float] = {}  # kv_cache_usage, max_loras: last values
         self._totals: dict[str, int] = {}  # last totals read from the engine
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="metrics", daemon=True)
@@ -130,9 +140,14 @@ class TritonMetrics:
         elif isinstance(event, SchedulerLoad):
             self._set_gauges("running", event.running)
             self._set_gauges("waiting", event.waiting)
+            self._set_engine_gauge("kv_cache_usage", event.kv_cache_usage)
+            self._set_engine_gauge("max_loras", event.max_loras)
         elif isinstance(event, AdapterStates):
             for state, count in event.counts.items():
                 self._metric("adapters", state=state).set(count)
+        elif isinstance(event, AdapterLoads):
+            self._count_up("slot_loads", event.slot_loads)
+            self._count_up("cache_loads", event.cache_loads)
         elif isinstance(event, EncoderWork):
             self._count_up("encoder_runs", event.runs)
             self._count_up("encoder_reuses", event.reuses)
@@ -143,6 +158,11 @@ class TritonMetrics:
         if total > last:
             self._metric(family).increment(total - last)
             self._totals[family] = total
+
+    def _set_engine_gauge(self, family: str, value: float) -> None:
+        if self._engine_gauges.get(family) != value:
+            self._metric(family).set(value)
+            self._engine_gauges[family] = value
 
     def _set_gauges(self, family: str, counts) -> None:
         """Update the adapters whose count changed (back to 0 for those no longer counted)."""

@@ -1,0 +1,115 @@
+"""Conformance of the front's /metrics with the endpoint picker's model-server protocol, on the
+shared tritonserver: lora-openai runs as `make serve` starts it, and its /metrics is read
+exactly as llm-d Router v0.10.0 reads it (lora_serving.bench.picker: first series of each
+gauge, the LoRA series with the largest value, comma split, max_lora as int, queue / running
+as int, KV usage as float) every 50 ms, the picker's default scrape period, while
+transcriptions for three whisper_lora adapters run through the front, and after they end."""
+
+import json
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from lora_serving.bench.picker import EndpointMetrics, read_endpoint_metrics
+from tests.conftest import REPO, _test_models, only_with_model
+from tests.e2e.test_openai_api import _free_port
+
+MODEL = "whisper_lora"
+IDS = [f"{MODEL}/alpha", f"{MODEL}/beta", f"{MODEL}/cross_kv"]
+# About 25 s of speech: one full window, so each request decodes for a few seconds.
+TEXT = (
+    "Routing a request to a replica that already holds its adapter saves a load and a batch "
+    "slot. The endpoint picker reads every replica's metrics, prefers the replica whose engine "
+    "runs the adapter now, and keeps away from replicas whose queues are long. Three adapters "
+    "share this batch while the test reads the metrics twenty times a second."
+)
+
+pytestmark = only_with_model(MODEL)
+
+
+@pytest.fixture(scope="module")
+def front(triton_server, tmp_path_factory):
+    from lora_serving.launcher import OpenAIFront
+
+    log_path = tmp_path_factory.mktemp("picker") / "lora-openai.log"
+    server = OpenAIFront(
+        triton_server.grpc, _free_port(), triton_metrics=triton_server.metrics, log_path=log_path
+    )
+    try:
+        server.wait_listening()
+        yield server.url
+    finally:
+        server.stop()
+        print(f"lora-openai log: {log_path}")
+
+
+def scrape(url: str) -> EndpointMetrics:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return read_endpoint_metrics(response.read().decode())
+
+
+def loaded_max_loras() -> int:
+    """The slots per engine the front should publish: the smallest of the loaded models'."""
+    models = _test_models()
+    return min(
+        json.loads((REPO / "model_repository" / m / "1" / "model.json").read_text())["max_loras"]
+        for m in ("whisper_lora", "qwen_vl_lora")
+        if "*" in models or m in models
+    )
+
+
+def wait_idle(url: str, timeout_s: float = 30) -> EndpointMetrics:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        view = scrape(url)
+        idle = not (view.active_models or view.waiting_models)
+        if idle and view.running_requests_size == 0 and view.waiting_queue_size == 0:
+            return view
+        assert time.monotonic() < deadline, f"still busy after {timeout_s} s: {view}"
+        time.sleep(0.05)
+
+
+def test_running_adapters_are_the_engines_own_while_three_adapters_run(front, speech):
+    wav = speech(TEXT).read_bytes()
+    before = wait_idle(front)
+    assert before.max_active_models == loaded_max_loras()
+
+    def transcribe(model_id: str) -> str:
+        response = httpx.post(
+            f"{front}/v1/audio/transcriptions",
+            files={"file": ("speech.wav", wav, "audio/wav")},
+            data={"model": model_id, "language": "en"},
+            timeout=300,
+        )
+        assert response.status_code == 200, response.text
+        return response.json()["text"]
+
+    views: list[EndpointMetrics] = []
+    with ThreadPoolExecutor(len(IDS)) as pool:
+        futures = [pool.submit(transcribe, model_id) for model_id in IDS]
+        while not all(f.done() for f in futures):
+            views.append(scrape(front))
+            time.sleep(0.05)
+        texts = [f.result() for f in futures]
+    assert all(texts), texts
+
+    assert len(views) > 10, "the requests ended before /metrics was read often"
+    for view in views:
+        assert view.active_models | view.waiting_models <= set(IDS), view
+        assert view.max_active_models == before.max_active_models
+        assert 0.0 <= view.kv_cache_usage_percent <= 1.0
+        assert view.running_requests_size >= len(view.active_models)
+        assert view.waiting_queue_size >= len(view.waiting_models)
+    # At some scrape all three ran in the engine together (max_loras 4, one batch).
+    together = [v for v in views if v.active_models == set(IDS)]
+    assert together, [sorted(v.active_models) for v in views]
+    assert min(v.running_requests_size for v in together) >= 3
+    assert max(v.kv_cache_usage_percent for v in views) > 0.0
+
+    # Finished requests leave the lists (and the counts) at the engines' next statistics.
+    after = wait_idle(front, timeout_s=10)
+    assert after.active_models == frozenset() and after.waiting_models == frozenset()
