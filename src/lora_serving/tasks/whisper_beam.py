@@ -78,7 +78,7 @@ class BeamResult:
     tokens: list[int]
     logprobs: list[float]  # each token's, as scored
     sum_logprob: float
-    score: float  # sum_logprob / len(tokens) ** length_penalty
+    score: float  # sum_logprob / length ** length_penalty, the length as its rule counts it
     finish_reason: str  # "stop" (ended in end of text) or "length"
 
 
@@ -107,28 +107,41 @@ async def beam_search(
     )
 
 
+# A beam: (sum of its log-probabilities, its tokens, each token's log-probability).
+Beam = tuple[float, list[int], list[float]]
+
+
+async def _best_continuations(
+    score_next: Scorer, running: list[Beam], width: int, barred: frozenset[int]
+) -> list[Beam]:
+    """The 2N best one-token continuations of the running beams, best first, with float32 sums
+    (as both transformers and CTranslate2 keep beam scores: near-ties break the same way).
+    Among equal sums the earlier beam comes first, then the scorer's order (a stable sort over
+    beam-major candidates, as torch.topk and CTranslate2's top-k keep them in practice). Barred
+    tokens and tokens the engine's rules forbid (-inf) are never continuations."""
+    f32 = np.float32
+    scored = await asyncio.gather(*(score_next(tokens) for _, tokens, _ in running))
+    candidates = [
+        (f32(total + f32(logprob)), tokens + [token], each + [logprob])
+        for (total, tokens, each), logprobs in zip(running, scored, strict=True)
+        for token, logprob in logprobs.items()
+        if token not in barred and logprob > -math.inf
+    ]
+    candidates.sort(key=lambda item: -item[0])
+    return candidates[: 2 * width]
+
+
 async def _transformers_search(
     score_next: Scorer, *, options, max_tokens, end_of_text, barred_always, barred_first
 ) -> BeamResult:
     width = options.size
-    # Sums in float32, as transformers keeps beam scores: near-ties then break the same way.
     f32 = np.float32
-    running: list[tuple[float, list[int], list[float]]] = [(f32(0.0), [], [])]
+    running: list[Beam] = [(f32(0.0), [], [])]
     finished: list[tuple[float, float, list[int], list[float]]] = []  # score, sum, tokens, each
     improvable = True
     for step in range(max_tokens):
-        scored = await asyncio.gather(*(score_next(tokens) for _, tokens, _ in running))
         barred = barred_first if step == 0 else barred_always
-        candidates = [
-            (f32(total + f32(logprob)), tokens + [token], each + [logprob])
-            for (total, tokens, each), logprobs in zip(running, scored, strict=True)
-            for token, logprob in logprobs.items()
-            if token not in barred
-        ]
-        # Best first; among equal scores, the earlier beam and the lower token id (torch.topk
-        # over beam-major scores keeps that order in practice).
-        candidates.sort(key=lambda item: -item[0])
-        best = candidates[: 2 * width]
+        best = await _best_continuations(score_next, running, width, barred)
         last_step = step + 1 >= max_tokens
         ended = [last_step or tokens[-1] == end_of_text for _, tokens, _ in best]
         if improvable:
@@ -161,19 +174,10 @@ async def _ctranslate2_search(
     score_next: Scorer, *, options: BeamOptions, max_tokens: int, end_of_text: int
 ) -> BeamResult:
     width = options.size
-    f32 = np.float32  # CTranslate2 keeps its scores in the model's float32
-    running: list[tuple[float, list[int], list[float]]] = [(f32(0.0), [], [])]
-    finished: list[tuple[float, list[int], list[float]]] = []  # sum, tokens, each
+    running: list[Beam] = [(np.float32(0.0), [], [])]
+    finished: list[Beam] = []
     for step in range(max_tokens):
-        scored = await asyncio.gather(*(score_next(tokens) for _, tokens, _ in running))
-        candidates = [
-            (f32(total + f32(logprob)), tokens + [token], each + [logprob])
-            for (total, tokens, each), logprobs in zip(running, scored, strict=True)
-            for token, logprob in logprobs.items()
-            if logprob > -math.inf  # fewer allowed tokens than asked for
-        ]
-        candidates.sort(key=lambda item: -item[0])  # stable: earlier beam first on ties
-        best = candidates[: 2 * width]
+        best = await _best_continuations(score_next, running, width, frozenset())
         last_step = step + 1 >= max_tokens
         ends = [tokens[-1] == end_of_text for _, tokens, _ in best]
         running, spare = [], width
