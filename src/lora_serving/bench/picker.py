@@ -95,20 +95,21 @@ def read_endpoint_metrics(text: str) -> EndpointMetrics:
     )
 
 
-def queue_scores(endpoints: Mapping[str, EndpointMetrics]) -> dict[str, float]:
-    sizes = {name: m.waiting_queue_size for name, m in endpoints.items()}
+def _fewer_scores_higher(sizes: dict[str, int]) -> dict[str, float]:
+    """Min-max normalised, the smallest size 1 and the largest 0; all 1 when they are equal
+    (the queue and running-requests scorers' rule)."""
     low, high = min(sizes.values()), max(sizes.values())
     if low == high:
         return dict.fromkeys(sizes, 1.0)
     return {name: (high - size) / (high - low) for name, size in sizes.items()}
+
+
+def queue_scores(endpoints: Mapping[str, EndpointMetrics]) -> dict[str, float]:
+    return _fewer_scores_higher({name: m.waiting_queue_size for name, m in endpoints.items()})
 
 
 def running_scores(endpoints: Mapping[str, EndpointMetrics]) -> dict[str, float]:
-    sizes = {name: m.running_requests_size for name, m in endpoints.items()}
-    low, high = min(sizes.values()), max(sizes.values())
-    if low == high:
-        return dict.fromkeys(sizes, 1.0)
-    return {name: (high - size) / (high - low) for name, size in sizes.items()}
+    return _fewer_scores_higher({name: m.running_requests_size for name, m in endpoints.items()})
 
 
 def kv_cache_scores(endpoints: Mapping[str, EndpointMetrics]) -> dict[str, float]:
