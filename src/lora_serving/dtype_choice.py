@@ -1,8 +1,8 @@
 """The float type the engines compute in, for one run of the server.
 
 model.json's `dtype` is what a model is configured with. An operator can set it for every model
-of a run without editing model.json: `LORA_SERVING_DTYPE` (what `make serve DTYPE=...` and
-`lora-serve --dtype` set) is one of
+of a run without editing model.json: `LORA_SERVING_DTYPE` (what `make serve DTYPE=...`, i.e.
+`python -m lora_serving.launcher --dtype`, sets) is one of
 - `float32`, `bfloat16`: that type;
 - `auto`: on a CPU, bfloat16 where the CPU has native bf16 arithmetic (AMX or AVX-512 BF16,
   which vLLM's CPU backend uses through oneDNN), else float32 (bf16 emulated in software is
