@@ -142,21 +142,3 @@ def triton_server(demo_models, tmp_path_factory):
     finally:
         server.stop()
         print(f"tritonserver log: {server.log_path}")
-
-
-@pytest.fixture(scope="session")
-def openai_front(triton_server, tmp_path_factory):
-    """The OpenAI-compatible front (lora-openai, as `make serve` starts it) on the shared
-    tritonserver, Triton's metrics included (its /metrics); yields its base URL."""
-    from lora_serving.launcher import OpenAIFront
-
-    log_path = tmp_path_factory.mktemp("openai") / "lora-openai.log"
-    server = OpenAIFront(
-        triton_server.grpc, _free_port(), triton_metrics=triton_server.metrics, log_path=log_path
-    )
-    try:
-        server.wait_listening()
-        yield server.url
-    finally:
-        server.stop()
-        print(f"lora-openai log: {log_path}")

@@ -9,6 +9,7 @@ same request sent over gRPC with tritonclient: equal text, segments and token co
 
 import base64
 import json
+import socket
 import subprocess
 import time
 import urllib.error
@@ -35,9 +36,26 @@ whisper_only = only_with_model(WHISPER)
 qwen_only = only_with_model(QWEN)
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
-def front(openai_front):
-    return f"{openai_front}/v1"
+def front(triton_server, tmp_path_factory):
+    from lora_serving.launcher import OpenAIFront
+
+    log_path = tmp_path_factory.mktemp("openai") / "lora-openai.log"
+    server = OpenAIFront(
+        triton_server.grpc, _free_port(), triton_metrics=triton_server.metrics, log_path=log_path
+    )
+    try:
+        server.wait_listening()
+        yield f"{server.url}/v1"
+    finally:
+        server.stop()
+        print(f"lora-openai log: {log_path}")
 
 
 @pytest.fixture(scope="module")

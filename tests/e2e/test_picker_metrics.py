@@ -15,6 +15,7 @@ import pytest
 
 from lora_serving.bench.picker import EndpointMetrics, read_endpoint_metrics
 from tests.conftest import REPO, _test_models, only_with_model
+from tests.e2e.test_openai_api import _free_port
 
 MODEL = "whisper_lora"
 IDS = [f"{MODEL}/alpha", f"{MODEL}/beta", f"{MODEL}/cross_kv"]
@@ -30,8 +31,19 @@ pytestmark = only_with_model(MODEL)
 
 
 @pytest.fixture(scope="module")
-def front(openai_front):
-    return openai_front
+def front(triton_server, tmp_path_factory):
+    from lora_serving.launcher import OpenAIFront
+
+    log_path = tmp_path_factory.mktemp("picker") / "lora-openai.log"
+    server = OpenAIFront(
+        triton_server.grpc, _free_port(), triton_metrics=triton_server.metrics, log_path=log_path
+    )
+    try:
+        server.wait_listening()
+        yield server.url
+    finally:
+        server.stop()
+        print(f"lora-openai log: {log_path}")
 
 
 def scrape(url: str) -> EndpointMetrics:
