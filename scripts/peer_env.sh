@@ -10,7 +10,10 @@ peer_env_install() {
   PEER_ENV_DIR=$cache/$name
   local stamp
   stamp="$PEER_ENV_DIR/.lock-$(sha256sum "$lock" | cut -c1-16)"
-  [[ -f "$stamp" ]] && return 0
+  if [[ -f "$stamp" ]]; then
+    peer_env_compile
+    return 0
+  fi
   local count
   count=$(grep -c '^[a-zA-Z]' "$lock")
   echo "$name: installing $count pinned packages ($lock) into $PEER_ENV_DIR" >&2
@@ -27,5 +30,16 @@ peer_env_install() {
     "$PEER_ENV_DIR/bin/python" -m pip install --disable-pip-version-check --no-deps -r "$lock" >&2
   fi
   touch "$stamp"
+  peer_env_compile
   echo "$name: installed in $((SECONDS - started)) s" >&2
+}
+
+# Bytecode once per environment: uv writes none, and with PYTHONDONTWRITEBYTECODE set Python
+# never caches any, so every run of the tool compiled its imports (openai, pydantic, ...) again.
+peer_env_compile() {
+  [[ -f "$PEER_ENV_DIR/.bytecode" ]] && return 0
+  "$PEER_ENV_DIR/bin/python" -m compileall -q -j 0 \
+    "$("$PEER_ENV_DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+    >/dev/null 2>&1 || true  # a few packaged files are not Python 3.11 (templates): expected
+  touch "$PEER_ENV_DIR/.bytecode"
 }

@@ -39,6 +39,15 @@ fi
 # --no-deps installs exactly it: the deliberate overrides (numpy<2, torch build) stay in force.
 "$VENV/bin/uv" pip install --python "$VENV/bin/python" --no-deps -r requirements/cpu.txt
 "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --no-deps -e .
+# uv writes no bytecode, and with PYTHONDONTWRITEBYTECODE set (this machine, CI) Python never
+# caches any: every process compiled vLLM, torch, ... from source on each start, and a module
+# first imported mid-request (anyio's backend, in the OpenAI front) held that request back for
+# seconds. Compile site-packages (~20 s the first time; seconds when done). A few packaged files
+# are not Python 3.11 (templates, Python 2 leftovers): their errors are expected.
+echo "bytecode for .venv"
+"$VENV/bin/python" -m compileall -q -j 0 \
+  "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+  >/dev/null 2>&1 || true
 
 fetch_wheel() {  # fetch_wheel SPEC -> path of the cached wheel
   mkdir -p "$WHEEL_CACHE"

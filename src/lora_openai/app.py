@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
@@ -117,6 +118,11 @@ def create_app(
     state: dict = {}
 
     async def lifespan(app):
+        # Starlette's streamed responses run in an anyio task group, whose asyncio backend is
+        # imported on first use: done on the first streamed answer, with the engine busy, the
+        # import held that answer's first events back for seconds.
+        async with anyio.create_task_group():
+            pass
         gateway = gateway_factory(settings.triton_url)
         state["gateway"] = gateway
         state["catalog"] = ModelCatalog(gateway, ttl_s=settings.models_ttl_s)

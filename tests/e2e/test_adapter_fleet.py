@@ -169,6 +169,10 @@ class Streaming:
         finally:
             self.started.set()
 
+    @property
+    def ended(self) -> bool:
+        return not self._thread.is_alive()
+
     def text(self) -> str:
         self._thread.join(120)
         assert self.error is None, self.error
@@ -238,14 +242,22 @@ def test_add_replace_remove_while_requests_run(grpc_url, qwen2_base, tmp_path):
     assert served(grpc_url)[name]["version"] == 1
     assert ask(grpc_url, name).text == reference(qwen2_base, v1)
     # A long request's output on version 1 alone: what one running across the change must give.
+    started = time.monotonic()
     long_v1 = Streaming(grpc_url, name).text()
+    long_v1_s = time.monotonic() - started
 
     running = Streaming(grpc_url, name)  # on version 1 while its weights are replaced
+    started = time.monotonic()
     replace_file(v2 / "adapter_model.safetensors", ROOT / name / "adapter_model.safetensors")
     command(grpc_url, "rescan")
     listing = command(grpc_url, "list")
+    took = time.monotonic() - started
     assert {item["name"]: item["version"] for item in listing["adapters"]}[name] == 2
-    assert [(item["name"], item["in_flight"]) for item in listing["retiring"]] == [(name, 1)]
+    retiring = [(item["name"], item["in_flight"]) for item in listing["retiring"]]
+    assert retiring == [(name, 1)], (
+        f"{retiring}: the change and listing took {took:.2f} s; the running request "
+        f"{'had ended' if running.ended else 'was still running'} (alone it ran {long_v1_s:.1f} s)"
+    )
     assert running.text() == long_v1
     assert ask(grpc_url, name).text == reference(qwen2_base, v2)
     assert command(grpc_url, "list")["retiring"] == []

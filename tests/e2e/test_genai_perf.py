@@ -74,6 +74,7 @@ def test_genai_perf_profiles_qwen_with_zero_errors(genai_perf, grpc_url, tmp_pat
         "7",
         "--artifact-dir",
         str(artifacts),
+        "--verbose",  # perf_analyzer's own output, for a failure's message
     ]
     if with_image:
         command += ["--extra-inputs", f"image:{base64.b64encode(png()).decode()}"]

@@ -104,10 +104,14 @@ def test_running_adapters_are_the_engines_own_while_three_adapters_run(front, sp
         assert 0.0 <= view.kv_cache_usage_percent <= 1.0
         assert view.running_requests_size >= len(view.active_models)
         assert view.waiting_queue_size >= len(view.waiting_models)
-    # At some scrape all three ran in the engine together (max_loras 4, one batch).
-    together = [v for v in views if v.active_models == set(IDS)]
-    assert together, [sorted(v.active_models) for v in views]
-    assert min(v.running_requests_size for v in together) >= 3
+    # Each adapter was seen running, and adapters ran together (one mixed batch). The engine
+    # encodes one 30 s window per step (vLLM's encoder budget), so the three decodes start
+    # about an encoder run apart; all three overlap only on some runs (~0.9 s apart here, each
+    # decoding ~1.6 s), two always do.
+    active = [sorted(v.active_models) for v in views]
+    assert set().union(*(v.active_models for v in views)) == set(IDS), active
+    together = [v for v in views if len(v.active_models) >= 2]
+    assert together, active
     assert max(v.kv_cache_usage_percent for v in views) > 0.0
 
     # Finished requests leave the lists (and the counts) at the engines' next statistics.
