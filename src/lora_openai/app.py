@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio
+import fastapi.routing
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
@@ -110,6 +111,18 @@ async def _errors_as_events(events: AsyncIterator[str], replies) -> AsyncIterato
         await replies.aclose()
 
 
+def _read_endpoint_sources(app: FastAPI) -> None:
+    """FastAPI reads each endpoint's source file on the endpoint's first request (to name it in
+    error messages; cached after), on the event loop: on a busy machine the first transcription
+    held every other request and /metrics scrape back for seconds. Read them before serving."""
+    extract = getattr(fastapi.routing, "_extract_endpoint_context", None)
+    if extract is None:  # a FastAPI without it has nothing to read
+        return
+    for route in app.routes:
+        if isinstance(route, fastapi.routing.APIRoute) and route.dependant.call is not None:
+            extract(route.dependant.call)
+
+
 def create_app(
     settings: FrontSettings,
     gateway_factory: Callable[[str], TritonGateway] = TritonGateway,
@@ -123,6 +136,7 @@ def create_app(
         # import held that answer's first events back for seconds.
         async with anyio.create_task_group():
             pass
+        await asyncio.to_thread(_read_endpoint_sources, app)
         gateway = gateway_factory(settings.triton_url)
         state["gateway"] = gateway
         state["catalog"] = ModelCatalog(gateway, ttl_s=settings.models_ttl_s)

@@ -409,6 +409,20 @@ def client_and_gateway():
         yield client, gateways[0]
 
 
+def test_endpoint_sources_are_read_before_the_first_request():
+    """FastAPI reads an endpoint's source file on its first request, on the event loop (seconds
+    on a busy machine, every other request waiting): the front reads them all at start."""
+    import fastapi.routing
+
+    app = create_app(FrontSettings(), FakeGateway)
+    calls = [r.dependant.call for r in app.routes if isinstance(r, fastapi.routing.APIRoute)]
+    assert len(calls) >= 5
+    cache = fastapi.routing._endpoint_context_cache
+    assert not any(id(call) in cache for call in calls)
+    with TestClient(app):
+        assert all(cache[id(call)].get("file", "").endswith("app.py") for call in calls)
+
+
 def events(response) -> list:
     return [
         line[len("data: ") :] for line in response.text.split("\n") if line.startswith("data: ")
