@@ -139,7 +139,7 @@ def test_report_of_a_wer_only_run(tmp_path):
 
 
 def test_wer_is_a_part_of_every_run_by_default():
-    assert BenchConfig().models == ["whisper", "qwen_vl", "wer"]
+    assert BenchConfig().models == ["whisper", "qwen_vl", "wer", "speed"]
 
 
 # ---- imports -----------------------------------------------------------------------------------

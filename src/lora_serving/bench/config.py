@@ -21,8 +21,9 @@ from typing import Any
 from lora_serving.launcher import REPO_ROOT
 
 MODEL_KINDS = ("whisper", "qwen_vl")
-# Parts of a run, in order: each model's figures, then word error rate vs faster-whisper (wer.py).
-PARTS = (*MODEL_KINDS, "wer")
+# Parts of a run, in order: each model's figures, then word error rate vs faster-whisper (wer.py),
+# then throughput vs faster-whisper (P7, whisper_speed.py).
+PARTS = (*MODEL_KINDS, "wer", "speed")
 
 
 @dataclass
@@ -114,6 +115,10 @@ class BenchConfig:
     # Word error rate vs faster-whisper ("wer" in models): faster-whisper's CTranslate2 threads
     # (0: as many as cores whisper_lora's engine is bound to).
     wer_threads: int = 0
+    # P7 ("speed" in models): whisper_lora's requests in flight on the short clips, and the
+    # dtypes it is served at, one tritonserver each (the first is P7's; bf16 ÷ float32 beside).
+    speed_concurrency: int = 4
+    speed_dtypes: list[str] = field(default_factory=lambda: ["float32", "bfloat16"])
     # P6: adapters loaded into the in-process engine in `p6_batches` batches of `p6_batch_size`
     # after one warm-up adapter (each batch is one repetition).
     p6_batches: int = 3

@@ -6,11 +6,16 @@ faster_whisper, never lora_serving.
 
 JOB.json: {"model_dir": folder with model.bin, config.json, tokenizer.json, vocabulary.txt,
            "threads": CTranslate2 cpu_threads, "files": [audio paths],
-           "settings": {name: keyword arguments of WhisperModel.transcribe}}
+           "settings": {name: keyword arguments of WhisperModel.transcribe},
+           "compute_type": CTranslate2's ("float32" if absent; "int8" is its fastest on CPU),
+           "warm_up": "each" (default) or "once"}
+A setting with `batch_size` runs through faster-whisper's BatchedInferencePipeline (its way
+with long recordings: 30 s pieces decoded together) instead of WhisperModel.transcribe.
 Prints one JSON object to stdout: {name: {"texts": [...], "seconds": [...], "segments": [...]}},
-one entry per file, in order (a file's segments: [{"start", "end", "text"}]); each setting first
-transcribes the first file once, untimed (warm-up). A file's time covers transcribe() and
-consuming its segments (decoding the file included, as the server decodes the file it is sent).
+one entry per file, in order (a file's segments: [{"start", "end", "text"}]); each setting (or
+only the first, with "warm_up": "once") first transcribes the first file once, untimed. A file's
+time covers transcribe() and consuming its segments (decoding the file included, as the server
+decodes the file it is sent).
 """
 
 import json
@@ -20,19 +25,25 @@ from pathlib import Path
 
 
 def run(job: dict) -> dict:
-    from faster_whisper import WhisperModel
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     model = WhisperModel(
-        job["model_dir"], device="cpu", compute_type="float32", cpu_threads=job["threads"]
+        job["model_dir"],
+        device="cpu",
+        compute_type=job.get("compute_type", "float32"),
+        cpu_threads=job["threads"],
     )
+    batched = BatchedInferencePipeline(model)
 
     def transcribe(path: str, options: dict) -> list:
-        segments, _ = model.transcribe(path, **options)
+        runner = batched if "batch_size" in options else model
+        segments, _ = runner.transcribe(path, **options)
         return list(segments)
 
     results = {}
-    for name, options in job["settings"].items():
-        transcribe(job["files"][0], options)
+    for index, (name, options) in enumerate(job["settings"].items()):
+        if index == 0 or job.get("warm_up", "each") == "each":
+            transcribe(job["files"][0], options)
         texts, seconds, kept = [], [], []
         for path in job["files"]:
             started = time.perf_counter()

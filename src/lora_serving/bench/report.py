@@ -7,16 +7,18 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from lora_serving.bench import speed_report
 from lora_serving.bench.config import BenchConfig
 from lora_serving.bench.stats import Ratio, median, paired_ratios
 
-GOALS = {"P1": 0.95, "P2": 0.90, "P3": 0.80, "P5": 2.0, "P6": 1.2}
+GOALS = {"P1": 0.95, "P2": 0.90, "P3": 0.80, "P5": 2.0, "P6": 1.2, "P7": speed_report.P7_GOAL}
 TITLES = {
     "P1": "Triton ÷ in-process AsyncLLM, throughput (cost of Triton and our glue)",
     "P2": "4 adapters mixed ÷ base model only, throughput (cost of multi-LoRA)",
     "P3": "32 adapters ÷ 1 adapter, throughput (adapter swapping)",
     "P5": "whisper_lora real-time factor ÷ transformers pipeline",
     "P6": "memory per loaded adapter ÷ adapter file size",
+    "P7": speed_report.P7_TITLE,
 }
 MODEL_TITLES = {"whisper": "whisper_lora", "qwen_vl": "qwen_vl_lora"}
 BUSY_CORES = 0.25  # other processes using more than this many cores: "the machine was busy"
@@ -122,6 +124,9 @@ def all_ratios(results: dict, config: BenchConfig) -> list[Ratio]:
             ratios.append(p1_ratio(kind, result, config, workload=UNSTREAMED))
         ratios.extend(phase_a_ratios(kind, result, config))
         ratios.append(p6_ratio(kind, result))
+    speed = results.get("speed") or {}
+    if "error" not in speed:
+        ratios.extend(speed_report.p7_ratios(speed))
     order = {code: i for i, code in enumerate(GOALS)}
     return sorted(ratios, key=lambda r: (order.get(r.name.split()[0], 9), r.name))
 
@@ -349,6 +354,10 @@ def render_markdown(results: dict, config: BenchConfig, plots: list[str]) -> str
         wer_plot = next((p for p in plots if Path(p).stem == WER_PLOT), None)
         out += ["", *wer_section(results["wer"], wer_plot)]
         plots = [p for p in plots if p != wer_plot]
+    if "speed" in results:
+        speed_plot = next((p for p in plots if Path(p).stem == speed_report.PLOT), None)
+        out += ["", *speed_report.section(results["speed"], speed_plot)]
+        plots = [p for p in plots if p != speed_plot]
     out += ["", "## How each figure is measured", ""]
     out += [f"- {line}" for line in method_notes(config)]
     if plots:
@@ -599,6 +608,10 @@ def write_plots(results: dict, config: BenchConfig, out: Path) -> list[str]:
     if rows:
         paths.append(str(out / f"{WER_PLOT}.png"))
         _wer_plot(plt, rows, paths[-1])
+    speed = results.get("speed") or {}
+    if speed_report.side_rows(speed):
+        paths.append(str(out / f"{speed_report.PLOT}.png"))
+        speed_report.write_plot(plt, speed, paths[-1])
     return paths
 
 

@@ -24,6 +24,9 @@ ratios are taken within a round and the report gives their median.
 Then ("wer", wer.py): word error rate and time of whisper_lora (one tritonserver with only that
 model) next to faster-whisper in its own environment, on the same espeak-ng sentences and
 whisper-base weights, at whisper_lora's defaults and at beam 5.
+
+Then ("speed", whisper_speed.py): P7, whisper_lora's audio seconds per second ÷ faster-whisper
+int8's, on 54 short clips and on one long recording, whisper_lora served at float32 and bf16.
 """
 
 import argparse
@@ -558,6 +561,12 @@ class Bench:
         self.log("== wer: whisper_lora vs faster-whisper, word error rate and time")
         self.results["wer"] = wer.measure(self.config, self.out, self.log, self.meter)
 
+    def run_speed(self) -> None:
+        from lora_serving.bench import whisper_speed
+
+        self.log("== speed: whisper_lora vs faster-whisper, audio seconds per second (P7)")
+        self.results["speed"] = whisper_speed.measure(self.config, self.out, self.log, self.meter)
+
     # ---- whole run -------------------------------------------------------------------------
     def run(self) -> Path:
         from lora_serving.bench import report
@@ -567,11 +576,13 @@ class Bench:
             try:
                 if kind == "wer":
                     self.run_wer()
+                elif kind == "speed":
+                    self.run_speed()
                 else:
                     self.run_model(kind)
             except Exception as err:
                 self.log(f"!! {kind} failed: {err!r}")
-                failed = self.results if kind == "wer" else self.results["models"]
+                failed = self.results if kind in ("wer", "speed") else self.results["models"]
                 failed.setdefault(kind, {})["error"] = "".join(traceback.format_exception(err))
             self.results["total_s"] = time.monotonic() - started
             (self.out / "results.json").write_text(json.dumps(self.results, indent=1))
@@ -583,7 +594,11 @@ class Bench:
 
     @property
     def failed(self) -> bool:
-        parts = [*self.results["models"].values(), self.results.get("wer", {})]
+        parts = [
+            *self.results["models"].values(),
+            self.results.get("wer", {}),
+            self.results.get("speed", {}),
+        ]
         return any("error" in result for result in parts)
 
 
@@ -614,8 +629,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, help="JSON file with bench settings")
     parser.add_argument(
         "--models",
-        help="comma-separated parts to run: whisper,qwen_vl,wer (default all; wer: word error "
-        "rate vs faster-whisper only, a few minutes)",
+        help="comma-separated parts to run: whisper,qwen_vl,wer,speed (default all; wer: word "
+        "error rate vs faster-whisper, speed: P7 throughput vs faster-whisper; minutes each)",
     )
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--whisper-concurrency", help="e.g. 1,2,4")

@@ -97,12 +97,12 @@ SETTINGS = (
 )
 
 
-def utterances() -> list[corpus.Utterance]:
+def utterances(sentences: tuple[str, ...] = SENTENCES) -> list[corpus.Utterance]:
     """Each sentence with its own voice and speed, cycling through the corpus' lists."""
     voices, speeds = corpus.VOICES, corpus.SPEEDS
     return [
         corpus.Utterance(text, (), voices[i % len(voices)], speeds[(i // 2) % len(speeds)])
-        for i, text in enumerate(SENTENCES)
+        for i, text in enumerate(sentences)
     ]
 
 
@@ -115,11 +115,11 @@ def write_wav_16k(samples: np.ndarray, path: Path) -> None:
         out.writeframes(pcm.tobytes())
 
 
-def speech_files(folder: Path) -> tuple[list[Path], float]:
-    """16 kHz WAV files of SENTENCES (kept between runs) and their total seconds."""
+def speech_files(folder: Path, sentences: tuple[str, ...] = SENTENCES) -> tuple[list[Path], float]:
+    """16 kHz WAV files of `sentences` (kept between runs) and their total seconds."""
     folder.mkdir(parents=True, exist_ok=True)
     paths, seconds = [], 0.0
-    for utterance in utterances():
+    for utterance in utterances(sentences):
         path = folder / utterance.file_name().replace(".wav", "-16k.wav")
         samples = corpus.load_16k(corpus.synthesise(utterance, folder / "espeak"))
         if not path.exists():
@@ -190,14 +190,20 @@ def transcribe_faster_whisper(
     job_path: Path,
     log_path: Path,
     settings: dict[str, dict] | None = None,
+    *,
+    compute_type: str = "float32",
+    warm_up: str = "each",
 ) -> dict:
     """{setting name: {"texts", "seconds", "segments"}} from faster-whisper in its own
-    environment; `settings` (name -> transcribe() arguments) defaults to SETTINGS'."""
+    environment; `settings` (name -> transcribe() arguments) defaults to SETTINGS'.
+    (faster_whisper_peer.py says what `compute_type` and `warm_up` do.)"""
     job = {
         "model_dir": str(model_dir),
         "threads": threads,
         "files": [str(f) for f in files],
         "settings": settings or {s.name: s.faster_whisper() for s in SETTINGS},
+        "compute_type": compute_type,
+        "warm_up": warm_up,
     }
     job_path.write_text(json.dumps(job, indent=1))
     with log_path.open("w") as stderr:
@@ -218,8 +224,19 @@ def transcribe_faster_whisper(
 STALLED_START_S = 360
 
 
-def start_served(repo: Path, model: str, out: Path, config, log, result: dict):
-    """A ready tritonserver serving `repo`; one more try, Python stacks kept, if it stalls."""
+def start_served(
+    repo: Path,
+    model: str,
+    out: Path,
+    config,
+    log,
+    result: dict,
+    *,
+    label: str = "wer",
+    dtype: str | None = None,
+):
+    """A ready tritonserver serving `repo` (at `dtype`, LORA_SERVING_DTYPE's choices, if
+    given); one more try, Python stacks kept, if it stalls."""
     from lora_serving.bench.processes import free_port
     from lora_serving.launcher import TritonServer
 
@@ -230,15 +247,17 @@ def start_served(repo: Path, model: str, out: Path, config, log, result: dict):
             grpc=free_port(),
             metrics=free_port(),
             extra_args=["--log-verbose=0"],
-            log_path=out / f"tritonserver-wer{'' if attempt == 1 else '-2'}.log",
+            log_path=out / f"tritonserver-{label}{'' if attempt == 1 else '-2'}.log",
+            dtype=dtype,
         )
-        log(f"   starting tritonserver with {model} only")
+        log(f"   starting tritonserver with {model} only" + (f" ({dtype})" if dtype else ""))
         timeout_s = min(config.server_start_timeout_s, STALLED_START_S)
         try:
             result["server_start_s"] = server.wait_ready(timeout_s=timeout_s)
             return server
         except TimeoutError:
-            (out / f"tritonserver-wer-stacks-{attempt}.txt").write_text(server.python_stacks())
+            stacks = out / f"tritonserver-{label}-stacks-{attempt}.txt"
+            stacks.write_text(server.python_stacks())
             server.stop()
             if attempt == 2:
                 raise

@@ -1,0 +1,295 @@
+"""P7: whisper_lora ÷ faster-whisper throughput, in seconds of audio transcribed per second, on
+the same whisper-base weights (the CTranslate2 folder we convert from) and the same speech
+(`make bench BENCH_ARGS="--models speed"`).
+
+What a speech team would run instead on a CPU is faster-whisper at int8 (its fastest CPU mode),
+so that is the bar; its float32 is measured beside it. Both sides decode plain text with the
+same settings (greedy, temperature fallback as model.json's defaults, language "en", no VAD),
+as the word-error-rate part's "defaults" row (wer.SETTINGS[0]):
+
+  clips  SENTENCES (54 espeak-ng sentences, a few seconds each), one request per clip:
+         whisper_lora at `speed_concurrency` requests in flight vs faster-whisper's transcribe(),
+         one clip after another (it has no server; one call at a time is how it is used).
+  long   the same clips joined into one recording (~2.5 min, LONG_GAP_S of silence between):
+         whisper_lora's one request (its 30 s windows run at once) vs faster-whisper's
+         BatchedInferencePipeline (batch_size LONG_BATCH). Both get the same windows: ours are
+         cut at the quietest moment (lora_serving.audio.split_windows), and faster-whisper is
+         given those as clip_timestamps, since without VAD it cannot cut a long recording itself.
+
+whisper_lora runs on a tritonserver of its own (only that model) once per dtype in
+`speed_dtypes` (float32, then bfloat16: the bf16 ÷ float32 figure). Every side runs `repeats`
+rounds after one untimed warm-up; rates are paired by round. faster-whisper runs once the
+server is stopped, with as many CTranslate2 threads as cores whisper_lora's engine is bound to.
+Word error rates (Whisper's English normaliser) of every side on the same clips go beside them.
+"""
+
+import json
+import os
+import time
+import wave
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from lora_serving.bench import wer
+from lora_serving.finetune import metrics
+
+EXTRA_SENTENCES = (
+    "The garden looks beautiful in the early summer.",
+    "Please remember to lock the door when you leave.",
+    "He has been learning to play the piano for years.",
+    "The bakery on the corner sells fresh bread every morning.",
+    "We are planning a trip to the mountains next month.",
+    "The price of petrol went up again this week.",
+    "Can you recommend a good book for the holidays?",
+    "The students listened carefully to the teacher.",
+    "Our neighbours have a very friendly black dog.",
+    "The concert was cancelled because of the storm.",
+    "I usually take the bus to work on Mondays.",
+    "The doctor told him to drink more water.",
+    "Please send me the documents by email tomorrow.",
+    "They painted the kitchen a bright shade of yellow.",
+    "The river flows slowly through the green valley.",
+    "Dinner will be ready in about twenty minutes.",
+    "She bought a new pair of shoes for the wedding.",
+    "The airport was crowded with holiday travellers.",
+    "My grandmother tells wonderful stories about her childhood.",
+    "The football match ended in a draw.",
+    "We saw a rainbow after the heavy rain.",
+    "The hotel room had a lovely view of the sea.",
+    "He answered every question in the interview calmly.",
+    "The shop will be closed on public holidays.",
+    "A small boat was sailing towards the harbour.",
+    "Please turn off the lights before going to bed.",
+    "The new road will be finished by the end of the year.",
+    "Our team won the first prize in the competition.",
+    "The soup needs a little more salt and pepper.",
+    "They walked along the beach until the sun went down.",
+)
+SENTENCES = (*wer.SENTENCES, *EXTRA_SENTENCES)
+LONG_GAP_S = 0.5
+LONG_BATCH = 8  # BatchedInferencePipeline's default batch_size
+INT8, FLOAT32 = "int8", "float32"
+PEER_TYPES = (INT8, FLOAT32)
+DEFAULTS = wer.SETTINGS[0]  # "defaults": greedy, model.json's decoding defaults on both sides
+
+
+# ---- the long recording --------------------------------------------------------------------------
+def join_clips(clips: list[np.ndarray], gap_s: float = LONG_GAP_S) -> np.ndarray:
+    """16 kHz clips -> one recording, `gap_s` of silence between them."""
+    gap = np.zeros(int(round(gap_s * wer.SAMPLE_RATE)), dtype=np.float32)
+    pieces: list[np.ndarray] = []
+    for index, clip in enumerate(clips):
+        if index:
+            pieces.append(gap)
+        pieces.append(np.asarray(clip, dtype=np.float32))
+    return np.concatenate(pieces)
+
+
+def clip_timestamps(window_starts_s: list[float], window_lengths: list[int]) -> list[dict]:
+    """Our windows as faster-whisper's BatchedInferencePipeline takes them: sample offsets."""
+    return [
+        {
+            "start": int(round(start * wer.SAMPLE_RATE)),
+            "end": int(round(start * wer.SAMPLE_RATE)) + length,
+        }
+        for start, length in zip(window_starts_s, window_lengths, strict=True)
+    ]
+
+
+def read_wav(path: Path) -> np.ndarray:
+    with wave.open(str(path), "rb") as source:
+        pcm = np.frombuffer(source.readframes(source.getnframes()), dtype="<i2")
+    return pcm.astype(np.float32) / 32768.0
+
+
+def long_recording(files: list[Path], path: Path) -> tuple[float, list[dict]]:
+    """Writes the joined clips to `path`; returns its seconds and our windows as
+    clip_timestamps."""
+    from lora_serving.audio import split_windows
+
+    samples = join_clips([read_wav(f) for f in files])
+    wer.write_wav_16k(samples, path)
+    windows = split_windows(read_wav(path))
+    stamps = clip_timestamps([w.offset_s for w in windows], [w.samples.shape[0] for w in windows])
+    return samples.size / wer.SAMPLE_RATE, stamps
+
+
+# ---- scoring (pure) ------------------------------------------------------------------------------
+def word_errors(references: list[str], texts: list[str]) -> dict:
+    score = metrics.score(references, texts, [() for _ in references])
+    return {
+        "word_errors": score.word_errors,
+        "reference_words": score.reference_words,
+        "wer": score.word_error_rate,
+    }
+
+
+def side_entry(audio_s: float, seconds: list[float], references: list[str], texts: list[str]):
+    """One side on one workload: rate per round (audio s / wall s), and the word errors of the
+    last round's texts (every round decodes the same way)."""
+    return {
+        "seconds": list(seconds),
+        "rates": [audio_s / s for s in seconds],
+        "texts": list(texts),
+        **word_errors(references, texts),
+    }
+
+
+# ---- measuring -----------------------------------------------------------------------------------
+def _transcribe_one(url: str, model: str, path: Path) -> str:
+    from lora_client.requests import send, transcription_fields
+
+    fields = transcription_fields(path, language="en", decoding=DEFAULTS.ours())
+    replies = list(send(url, "grpc", model, fields))
+    return "".join(r.outputs.get("text_output", [""])[0] for r in replies).strip()
+
+
+def served_clips(url: str, model: str, files: list[Path], concurrency: int):
+    """whisper_lora on every clip, `concurrency` requests in flight: (texts, wall seconds)."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        texts = list(pool.map(lambda f: _transcribe_one(url, model, f), files))
+    return texts, time.perf_counter() - started
+
+
+def served_long(url: str, model: str, path: Path) -> tuple[str, float]:
+    started = time.perf_counter()
+    text = _transcribe_one(url, model, path)
+    return text, time.perf_counter() - started
+
+
+def measure_served(config, out, log, meter, repo, model, dtype, work) -> dict:
+    files, clips_s, long_path, long_s = work
+    references, long_reference = list(SENTENCES), [" ".join(SENTENCES)]
+    concurrency = config.speed_concurrency
+    result: dict = {}
+    server = wer.start_served(
+        repo, model, out, config, log, result, label=f"speed-{dtype}", dtype=dtype
+    )
+    try:
+        url = f"127.0.0.1:{server.grpc}"
+        _transcribe_one(url, model, files[0])  # warm-up
+        clip_runs, long_runs = [], []
+        meter.start()
+        for _ in range(config.repeats):
+            clip_runs.append(served_clips(url, model, files, concurrency))
+            long_runs.append(served_long(url, model, long_path))
+        load = meter.stop()
+    finally:
+        server.stop()
+    result["clips"] = side_entry(clips_s, [s for _, s in clip_runs], references, clip_runs[-1][0])
+    result["long"] = side_entry(
+        long_s, [s for _, s in long_runs], long_reference, [long_runs[-1][0]]
+    )
+    result["other_load"] = load
+    for kind in ("clips", "long"):
+        entry = result[kind]
+        log(
+            f"    whisper_lora {dtype:8s} {kind:5s} {np.median(entry['rates']):6.2f} audio s/s  "
+            f"WER {entry['wer']:.3f}"
+        )
+    return result
+
+
+def measure_peer(config, out, log, meter, python, model_dir, threads, compute_type, work) -> dict:
+    files, clips_s, long_path, long_s = work
+    stamps = json.loads((long_path.with_suffix(".windows.json")).read_text())
+    arguments = DEFAULTS.faster_whisper()
+    # The same arguments (its windows are decoded independently, as ours are in plain text).
+    batched = arguments | {"batch_size": LONG_BATCH, "clip_timestamps": stamps}
+    rounds = range(config.repeats)
+    meter.start()
+    clips = wer.transcribe_faster_whisper(
+        python,
+        model_dir,
+        files,
+        threads,
+        out / f"speed-fw-{compute_type}-clips.json",
+        out / f"faster-whisper-speed-{compute_type}-clips.log",
+        {f"round{r}": arguments for r in rounds},
+        compute_type=compute_type,
+        warm_up="once",
+    )
+    long = wer.transcribe_faster_whisper(
+        python,
+        model_dir,
+        [long_path],
+        threads,
+        out / f"speed-fw-{compute_type}-long.json",
+        out / f"faster-whisper-speed-{compute_type}-long.log",
+        {f"round{r}": batched for r in rounds},
+        compute_type=compute_type,
+        warm_up="once",
+    )
+    load = meter.stop()
+    last = f"round{config.repeats - 1}"
+    result = {
+        "clips": side_entry(
+            clips_s,
+            [sum(clips[f"round{r}"]["seconds"]) for r in rounds],
+            list(SENTENCES),
+            clips[last]["texts"],
+        ),
+        "long": side_entry(
+            long_s,
+            [long[f"round{r}"]["seconds"][0] for r in rounds],
+            [" ".join(SENTENCES)],
+            long[last]["texts"],
+        ),
+        "other_load": load,
+    }
+    for kind in ("clips", "long"):
+        entry = result[kind]
+        log(
+            f"    faster-whisper {compute_type:7s} {kind:5s} "
+            f"{np.median(entry['rates']):6.2f} audio s/s  WER {entry['wer']:.3f}"
+        )
+    return result
+
+
+def measure(config, out: Path, log, meter) -> dict:
+    """The whole part. Returns what results.json keeps under "speed"."""
+    from lora_serving.bench import peer_env
+    from lora_serving.bench.hf_whisper import cores_in_bind
+    from lora_serving.bench.repository import build_served_only
+    from lora_serving.launcher import REPO_ROOT
+
+    folder = config.results_dir / "work"
+    files, clips_s = wer.speech_files(folder / "wer-speech", SENTENCES)
+    long_path = folder / "speed-long-16k.wav"
+    long_s, stamps = long_recording(files, long_path)
+    long_path.with_suffix(".windows.json").write_text(json.dumps(stamps))
+    work = (files, clips_s, long_path, long_s)
+    log(
+        f"   {len(files)} clips ({clips_s:.0f} s of speech); one recording of {long_s:.0f} s "
+        f"in {len(stamps)} windows"
+    )
+
+    peer_python = peer_env.ensure("faster-whisper", REPO_ROOT / wer.PEER_LOCK, log)
+    model_dir = wer.write_ct2_folder(folder / "ct2-whisper-base")
+    repo = folder / "repository-speed"
+    model = build_served_only(config, "whisper", repo)
+    bind = json.loads((repo / model / "1" / "model.json").read_text())
+    bind = bind.get("environment", {}).get("VLLM_CPU_OMP_THREADS_BIND")
+    threads = config.wer_threads or cores_in_bind(bind, os.cpu_count() or 1)
+    result: dict = {
+        "sentences": list(SENTENCES),
+        "clips_audio_s": clips_s,
+        "long_audio_s": long_s,
+        "long_windows": len(stamps),
+        "concurrency": config.speed_concurrency,
+        "threads": threads,
+        "repeats": config.repeats,
+        "ours": {},
+        "faster_whisper": {},
+    }
+    for dtype in config.speed_dtypes:
+        result["ours"][dtype] = measure_served(config, out, log, meter, repo, model, dtype, work)
+    log(f"   faster-whisper ({threads} CTranslate2 thread(s))")
+    for compute_type in PEER_TYPES:
+        result["faster_whisper"][compute_type] = measure_peer(
+            config, out, log, meter, peer_python, model_dir, threads, compute_type, work
+        )
+    return result
