@@ -23,9 +23,9 @@ def test_clips_are_joined_with_silence_between_them():
     assert joined.tolist() == [0.5, 0.5, 0.5, 0.0, 0.0, -0.5, -0.5]
 
 
-def test_our_windows_become_faster_whispers_clip_timestamps_in_samples():
+def test_our_windows_become_faster_whispers_clip_timestamps_in_seconds():
     stamps = whisper_speed.clip_timestamps([0.0, 29.5], [472_000, 160_000])
-    assert stamps == [{"start": 0, "end": 472_000}, {"start": 472_000, "end": 632_000}]
+    assert stamps == [{"start": 0.0, "end": 29.5}, {"start": 29.5, "end": 39.5}]
 
 
 def test_both_sides_decode_with_the_wer_parts_defaults():

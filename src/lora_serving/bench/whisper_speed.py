@@ -88,12 +88,9 @@ def join_clips(clips: list[np.ndarray], gap_s: float = LONG_GAP_S) -> np.ndarray
 
 
 def clip_timestamps(window_starts_s: list[float], window_lengths: list[int]) -> list[dict]:
-    """Our windows as faster-whisper's BatchedInferencePipeline takes them: sample offsets."""
+    """Our windows as faster-whisper's BatchedInferencePipeline takes them: seconds."""
     return [
-        {
-            "start": int(round(start * wer.SAMPLE_RATE)),
-            "end": int(round(start * wer.SAMPLE_RATE)) + length,
-        }
+        {"start": start, "end": start + length / wer.SAMPLE_RATE}
         for start, length in zip(window_starts_s, window_lengths, strict=True)
     ]
 
