@@ -197,29 +197,23 @@ def measure_peer(config, out, log, meter, python, model_dir, threads, compute_ty
     # The same arguments (its windows are decoded independently, as ours are in plain text).
     batched = arguments | {"batch_size": LONG_BATCH, "clip_timestamps": stamps}
     rounds = range(config.repeats)
+
+    def run(kind: str, paths: list[Path], options: dict) -> dict:
+        return wer.transcribe_faster_whisper(
+            python,
+            model_dir,
+            paths,
+            threads,
+            out / f"speed-fw-{compute_type}-{kind}.json",
+            out / f"faster-whisper-speed-{compute_type}-{kind}.log",
+            {f"round{r}": options for r in rounds},
+            compute_type=compute_type,
+            warm_up="once",
+        )
+
     meter.start()
-    clips = wer.transcribe_faster_whisper(
-        python,
-        model_dir,
-        files,
-        threads,
-        out / f"speed-fw-{compute_type}-clips.json",
-        out / f"faster-whisper-speed-{compute_type}-clips.log",
-        {f"round{r}": arguments for r in rounds},
-        compute_type=compute_type,
-        warm_up="once",
-    )
-    long = wer.transcribe_faster_whisper(
-        python,
-        model_dir,
-        [long_path],
-        threads,
-        out / f"speed-fw-{compute_type}-long.json",
-        out / f"faster-whisper-speed-{compute_type}-long.log",
-        {f"round{r}": batched for r in rounds},
-        compute_type=compute_type,
-        warm_up="once",
-    )
+    clips = run("clips", files, arguments)
+    long = run("long", [long_path], batched)
     load = meter.stop()
     last = f"round{config.repeats - 1}"
     result = {
