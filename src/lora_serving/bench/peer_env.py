@@ -2,8 +2,9 @@
 
 As scripts/lint_deploy.sh installs its linters: a pinned lock under requirements/ is installed
 with `--no-deps` into ${LORA_SERVING_CACHE:-~/.cache/lora-serving}/<name>, once, and again only
-when the lock changes (a stamp file named after the lock's hash). uv (from .venv) when there is
-one, else venv + pip. The installer's own progress lines go to `log` as they come.
+when the lock changes (a stamp file named after the lock's hash), then compiled to bytecode. uv
+(from .venv) when there is one, else venv + pip. The installer's own progress lines go to `log`
+as they come.
 """
 
 import hashlib
@@ -46,6 +47,7 @@ def ensure(name: str, lock: Path, log: Callable[[str], None]) -> Path:
     python = folder / "bin" / "python"
     stamp = folder / stamp_name(lock)
     if stamp.is_file() and python.exists():
+        compile_bytecode(python, log)
         return python
     log(f"   installing {lock.relative_to(REPO_ROOT)} into {folder} (once per lock)")
     started = time.monotonic()
@@ -61,5 +63,24 @@ def ensure(name: str, lock: Path, log: Callable[[str], None]) -> Path:
         install.append("-r")
     _run([*install, str(lock)], log)
     stamp.touch()
+    compile_bytecode(python, log)
     log(f"   installed in {time.monotonic() - started:.0f} s")
     return python
+
+
+def compile_bytecode(python: Path, log: Callable[[str], None]) -> None:
+    """Once per environment, as scripts/peer_env.sh does: uv writes no bytecode, and with
+    PYTHONDONTWRITEBYTECODE set every run of the tool compiled its imports again. A few
+    packaged files are not Python 3.11 (templates): their errors are expected."""
+    done = python.parent.parent / ".bytecode"
+    if done.is_file():
+        return
+    log("   compiling bytecode (once)")
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    subprocess.run([str(python), "-m", "compileall", "-q", "-j", "0", purelib], capture_output=True)
+    done.touch()

@@ -146,9 +146,18 @@ def write_ct2_folder(folder: Path) -> Path:
 
 
 # ---- scoring (pure) ----------------------------------------------------------------------------
+def word_score(references: list[str], texts: list[str]) -> dict:
+    """Word errors over all sentences together, after Whisper's English normaliser."""
+    score = metrics.score(references, texts, [() for _ in references])
+    return {
+        "word_errors": score.word_errors,
+        "reference_words": score.reference_words,
+        "wer": score.word_error_rate,
+    }
+
+
 def side_result(references: list[str], texts: list[str], seconds: list[float]) -> dict:
     """One side at one setting: transcripts, times and word errors (Whisper's normaliser)."""
-    score = metrics.score(references, texts, [() for _ in references])
     return {
         "texts": list(texts),
         "errors": [
@@ -157,27 +166,27 @@ def side_result(references: list[str], texts: list[str], seconds: list[float]) -
         ],
         "seconds": list(seconds),
         "total_s": float(sum(seconds)),
-        "word_errors": score.word_errors,
-        "reference_words": score.reference_words,
-        "wer": score.word_error_rate,
+        **word_score(references, texts),
     }
 
 
 # ---- measuring ---------------------------------------------------------------------------------
-def transcribe_served(url: str, model: str, files: list[Path], setting: WerSetting):
-    """whisper_lora's transcripts and per-request seconds, one request at a time."""
+def transcribe_one(url: str, model: str, path: Path, setting: WerSetting) -> str:
+    """whisper_lora's transcript of one file (gRPC, language en, `setting`'s decoding)."""
     from lora_client.requests import send, transcription_fields
 
-    def one(path: Path) -> str:
-        fields = transcription_fields(path, language="en", decoding=setting.ours())
-        replies = list(send(url, "grpc", model, fields))
-        return "".join(r.outputs.get("text_output", [""])[0] for r in replies).strip()
+    fields = transcription_fields(path, language="en", decoding=setting.ours())
+    replies = list(send(url, "grpc", model, fields))
+    return "".join(r.outputs.get("text_output", [""])[0] for r in replies).strip()
 
-    one(files[0])  # warm-up
+
+def transcribe_served(url: str, model: str, files: list[Path], setting: WerSetting):
+    """whisper_lora's transcripts and per-request seconds, one request at a time."""
+    transcribe_one(url, model, files[0], setting)  # warm-up
     texts, seconds = [], []
     for path in files:
         started = time.perf_counter()
-        texts.append(one(path))
+        texts.append(transcribe_one(url, model, path, setting))
         seconds.append(time.perf_counter() - started)
     return texts, seconds
 
@@ -265,11 +274,20 @@ def start_served(
     raise AssertionError("unreachable")
 
 
+def peer_threads(config, repo: Path, model: str) -> int:
+    """faster-whisper's CTranslate2 threads: config.wer_threads, else as many as cores the
+    served whisper engine is bound to (VLLM_CPU_OMP_THREADS_BIND in its model.json)."""
+    from lora_serving.bench.hf_whisper import cores_in_bind
+
+    served = json.loads((repo / model / "1" / "model.json").read_text())
+    bind = served.get("environment", {}).get("VLLM_CPU_OMP_THREADS_BIND")
+    return config.wer_threads or cores_in_bind(bind, os.cpu_count() or 1)
+
+
 def measure(config, out: Path, log, meter) -> dict:
     """The whole part: speech, whisper_lora on a tritonserver of its own (only that model), then
     faster-whisper once the server is stopped. Returns what results.json keeps under "wer"."""
     from lora_serving.bench import peer_env
-    from lora_serving.bench.hf_whisper import cores_in_bind
     from lora_serving.bench.repository import build_served_only
     from lora_serving.launcher import REPO_ROOT
 
@@ -294,9 +312,7 @@ def measure(config, out: Path, log, meter) -> dict:
 
     repo = work / "repository-wer"
     model = build_served_only(config, "whisper", repo)
-    bind = json.loads((repo / model / "1" / "model.json").read_text())
-    bind = bind.get("environment", {}).get("VLLM_CPU_OMP_THREADS_BIND")
-    threads = config.wer_threads or cores_in_bind(bind, os.cpu_count() or 1)
+    threads = peer_threads(config, repo, model)
     result["threads"] = threads
     server = start_served(repo, model, out, config, log, result)
     try:

@@ -23,17 +23,14 @@ server is stopped, with as many CTranslate2 threads as cores whisper_lora's engi
 Word error rates (Whisper's English normaliser) of every side on the same clips go beside them.
 """
 
-import json
-import os
+import math
 import time
-import wave
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from lora_serving.bench import wer
-from lora_serving.finetune import metrics
 
 EXTRA_SENTENCES = (
     "The garden looks beautiful in the early summer.",
@@ -95,34 +92,27 @@ def clip_timestamps(window_starts_s: list[float], window_lengths: list[int]) -> 
     ]
 
 
-def read_wav(path: Path) -> np.ndarray:
-    with wave.open(str(path), "rb") as source:
-        pcm = np.frombuffer(source.readframes(source.getnframes()), dtype="<i2")
-    return pcm.astype(np.float32) / 32768.0
+def read_samples(path: Path) -> np.ndarray:
+    """A 16 kHz file's samples, decoded as the server decodes what it is sent."""
+    from lora_serving.audio import decode_audio_file
+
+    samples, _ = decode_audio_file(path.read_bytes(), max_seconds=math.inf)
+    return samples
 
 
 def long_recording(files: list[Path], path: Path) -> tuple[float, list[dict]]:
     """Writes the joined clips to `path`; returns its seconds and our windows as
-    clip_timestamps."""
+    clip_timestamps (cut in the file as written, which is what the server is sent)."""
     from lora_serving.audio import split_windows
 
-    samples = join_clips([read_wav(f) for f in files])
+    samples = join_clips([read_samples(f) for f in files])
     wer.write_wav_16k(samples, path)
-    windows = split_windows(read_wav(path))
+    windows = split_windows(read_samples(path))
     stamps = clip_timestamps([w.offset_s for w in windows], [w.samples.shape[0] for w in windows])
     return samples.size / wer.SAMPLE_RATE, stamps
 
 
 # ---- scoring (pure) ------------------------------------------------------------------------------
-def word_errors(references: list[str], texts: list[str]) -> dict:
-    score = metrics.score(references, texts, [() for _ in references])
-    return {
-        "word_errors": score.word_errors,
-        "reference_words": score.reference_words,
-        "wer": score.word_error_rate,
-    }
-
-
 def side_entry(audio_s: float, seconds: list[float], references: list[str], texts: list[str]):
     """One side on one workload: rate per round (audio s / wall s), and the word errors of the
     last round's texts (every round decodes the same way)."""
@@ -130,17 +120,13 @@ def side_entry(audio_s: float, seconds: list[float], references: list[str], text
         "seconds": list(seconds),
         "rates": [audio_s / s for s in seconds],
         "texts": list(texts),
-        **word_errors(references, texts),
+        **wer.word_score(references, texts),
     }
 
 
 # ---- measuring -----------------------------------------------------------------------------------
 def _transcribe_one(url: str, model: str, path: Path) -> str:
-    from lora_client.requests import send, transcription_fields
-
-    fields = transcription_fields(path, language="en", decoding=DEFAULTS.ours())
-    replies = list(send(url, "grpc", model, fields))
-    return "".join(r.outputs.get("text_output", [""])[0] for r in replies).strip()
+    return wer.transcribe_one(url, model, path, DEFAULTS)
 
 
 def served_clips(url: str, model: str, files: list[Path], concurrency: int):
@@ -158,7 +144,7 @@ def served_long(url: str, model: str, path: Path) -> tuple[str, float]:
 
 
 def measure_served(config, out, log, meter, repo, model, dtype, work) -> dict:
-    files, clips_s, long_path, long_s = work
+    files, clips_s, long_path, long_s, _ = work
     references, long_reference = list(SENTENCES), [" ".join(SENTENCES)]
     concurrency = config.speed_concurrency
     result: dict = {}
@@ -191,8 +177,7 @@ def measure_served(config, out, log, meter, repo, model, dtype, work) -> dict:
 
 
 def measure_peer(config, out, log, meter, python, model_dir, threads, compute_type, work) -> dict:
-    files, clips_s, long_path, long_s = work
-    stamps = json.loads((long_path.with_suffix(".windows.json")).read_text())
+    files, clips_s, long_path, long_s, stamps = work
     arguments = DEFAULTS.faster_whisper()
     # The same arguments (its windows are decoded independently, as ours are in plain text).
     batched = arguments | {"batch_size": LONG_BATCH, "clip_timestamps": stamps}
@@ -243,7 +228,6 @@ def measure_peer(config, out, log, meter, python, model_dir, threads, compute_ty
 def measure(config, out: Path, log, meter) -> dict:
     """The whole part. Returns what results.json keeps under "speed"."""
     from lora_serving.bench import peer_env
-    from lora_serving.bench.hf_whisper import cores_in_bind
     from lora_serving.bench.repository import build_served_only
     from lora_serving.launcher import REPO_ROOT
 
@@ -251,8 +235,7 @@ def measure(config, out: Path, log, meter) -> dict:
     files, clips_s = wer.speech_files(folder / "wer-speech", SENTENCES)
     long_path = folder / "speed-long-16k.wav"
     long_s, stamps = long_recording(files, long_path)
-    long_path.with_suffix(".windows.json").write_text(json.dumps(stamps))
-    work = (files, clips_s, long_path, long_s)
+    work = (files, clips_s, long_path, long_s, stamps)
     log(
         f"   {len(files)} clips ({clips_s:.0f} s of speech); one recording of {long_s:.0f} s "
         f"in {len(stamps)} windows"
@@ -262,9 +245,7 @@ def measure(config, out: Path, log, meter) -> dict:
     model_dir = wer.write_ct2_folder(folder / "ct2-whisper-base")
     repo = folder / "repository-speed"
     model = build_served_only(config, "whisper", repo)
-    bind = json.loads((repo / model / "1" / "model.json").read_text())
-    bind = bind.get("environment", {}).get("VLLM_CPU_OMP_THREADS_BIND")
-    threads = config.wer_threads or cores_in_bind(bind, os.cpu_count() or 1)
+    threads = wer.peer_threads(config, repo, model)
     result: dict = {
         "sentences": list(SENTENCES),
         "clips_audio_s": clips_s,
