@@ -128,6 +128,60 @@ def test_long_prefill_grouped_by_slot_matches_row_by_row(patched_ops, kind):
     assert_rows(y, base + reference_delta(buffer, torch.nan_to_num(lora_b), only_0_2), only_0_2)
 
 
+@pytest.mark.parametrize("rows", [len(TOKEN_SLOTS), 8 * len(TOKEN_SLOTS)])
+def test_module_no_adapter_in_the_batch_trains_is_left_alone(patched_ops, rows):
+    """A Whisper encoder layer under decoder-only adapters: every slot in use holds zeros. Over
+    GATHER_MAX_ROWS rows the ops then compute nothing (no [rows, out] block of zeros to add);
+    either way they add nothing and write zeros where they would have written a delta."""
+    slots = TOKEN_SLOTS.repeat_interleave(rows // len(TOKEN_SLOTS))
+    x = torch.randn(rows, RANK)
+    lora_b = random_stacked(OUT_FEATURES, RANK)
+    lora_b[[0, 1, 2]] = 0  # no adapter trains this module
+    if rows > cpu_no_lora_index.GATHER_MAX_ROWS:
+        assert cpu_no_lora_index._lora_product(x, lora_b, slots, torch.float32) is None
+
+    base = torch.randn(rows, OUT_FEATURES + 4)
+    y = base.clone()
+    patched_ops.bgmv_expand(x, lora_b, y, slots, True)
+    patched_ops.bgmv_expand_slice(x, lora_b, y, slots, 2, OUT_FEATURES, True)
+    assert torch.equal(y, base)
+
+    patched_ops.bgmv_expand_slice(x, lora_b, y, slots, 2, OUT_FEATURES, False)
+    assert torch.equal(y[:, 2 : 2 + OUT_FEATURES], torch.zeros(rows, OUT_FEATURES))
+    assert torch.equal(y[:, :2], base[:, :2]) and torch.equal(y[:, -2:], base[:, -2:])
+    y = base.clone()
+    patched_ops.bgmv_expand(x, lora_b, y, slots, False)
+    assert torch.equal(y[:, :OUT_FEATURES], torch.zeros(rows, OUT_FEATURES))
+
+    buffer = torch.full((rows, RANK), 7.0)
+    lora_a = random_stacked(RANK, IN_FEATURES)
+    lora_a[[0, 1, 2]] = 0
+    patched_ops.bgmv_shrink(torch.randn(rows, IN_FEATURES), lora_a, buffer, slots, 0.5)
+    assert torch.equal(buffer, torch.zeros(rows, RANK))
+
+
+def test_few_rows_pick_their_own_slot_and_broadcast_as_upstream(patched_ops):
+    """Decode-sized batches multiply every row by every slot at once and pick each row's slot:
+    a NaN slot no row uses reaches no row, and upstream's broadcasting (one row for every index,
+    one index for every row) still holds."""
+    x = torch.randn(len(TOKEN_SLOTS), IN_FEATURES)
+    lora_a = random_stacked(RANK, IN_FEATURES)
+    lora_a[1] = float("nan")
+    no_slot_1 = torch.where(TOKEN_SLOTS == 1, 0, TOKEN_SLOTS)
+    buffer = torch.full((len(TOKEN_SLOTS), RANK), 7.0)
+    patched_ops.bgmv_shrink(x, lora_a, buffer, no_slot_1, 1.0)
+    assert_rows(buffer, reference_delta(x, torch.nan_to_num(lora_a), no_slot_1), no_slot_1)
+
+    lora_a = random_stacked(RANK, IN_FEATURES)
+    one_row = x[:1]
+    broadcast_row = cpu_no_lora_index._lora_product(one_row, lora_a, TOKEN_SLOTS, torch.float32)
+    expected = reference_delta(one_row.expand(len(TOKEN_SLOTS), -1), lora_a, TOKEN_SLOTS)
+    assert_rows(broadcast_row, expected, TOKEN_SLOTS)
+    one_index = torch.tensor([2])
+    broadcast_index = cpu_no_lora_index._lora_product(x, lora_a, one_index, torch.float32)
+    torch.testing.assert_close(broadcast_index, x @ lora_a[2, 0].T)
+
+
 def test_expand_without_add_inputs_writes_zero_delta(patched_ops):
     x = torch.randn(len(TOKEN_SLOTS), RANK)
     lora_b = random_stacked(OUT_FEATURES, RANK)
