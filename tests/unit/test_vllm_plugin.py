@@ -64,10 +64,11 @@ def prefill_metadata(slots: torch.Tensor) -> tuple:
 
 
 def assert_rows(actual: torch.Tensor, expected: torch.Tensor, slots: torch.Tensor) -> None:
-    """Rows without an adapter must match bit for bit; adapter rows up to float rounding."""
+    """Rows without an adapter must match bit for bit; adapter rows up to float rounding (the ops
+    and the reference sum in different orders: a few float32 ulps of values near 100)."""
     no_adapter = slots < 0
     assert torch.equal(actual[no_adapter], expected[no_adapter])
-    torch.testing.assert_close(actual[~no_adapter], expected[~no_adapter])
+    torch.testing.assert_close(actual[~no_adapter], expected[~no_adapter], rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["bgmv", "sgmv"])
