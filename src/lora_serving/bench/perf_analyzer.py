@@ -110,26 +110,48 @@ def run_requests(
     concurrency: int,
     request_count: int,
     timeout_s: float = 900,
+    attempts: int = 3,
 ) -> Measurement:
     """Exactly `request_count` requests at `concurrency` (closed loop, no stabilisation: the
-    caller repeats and takes medians), entries of `input_data` in order, streamed over gRPC."""
-    with tempfile.TemporaryDirectory() as folder:
-        report, export = Path(folder) / "report.csv", Path(folder) / "profile.json"
-        command = [
-            str(PERF_ANALYZER),
-            *("-m", model, "-u", grpc_url, "-i", "grpc", "--streaming"),
-            *("--input-data", str(input_data)),
-            *("--concurrency-range", str(concurrency)),
-            *("--request-count", str(request_count)),
-            *("--profile-export-file", str(export), "-f", str(report)),
-        ]
-        finished = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-        if finished.returncode != 0:
-            raise RuntimeError(
-                f"perf_analyzer failed ({finished.returncode}):\n{finished.stdout[-3000:]}"
-                f"\n{finished.stderr[-2000:]}"
-            )
-        records, failed = records_from_profile(json.loads(export.read_text()))
-        with report.open() as handle:
-            row = next(csv.DictReader(handle))
-    return Measurement(records, failed, float(row["Inferences/Second"]))
+    caller repeats and takes medians), entries of `input_data` in order, streamed over gRPC.
+
+    perf_analyzer 2.51 now and then exits 0 having measured every request but leaving its
+    profile export empty or cut short (seen with 800 KB exports of image requests); such a run
+    is measured again, up to `attempts` runs in all."""
+    for attempt in range(1, attempts + 1):
+        with tempfile.TemporaryDirectory() as folder:
+            report, export = Path(folder) / "report.csv", Path(folder) / "profile.json"
+            command = [
+                str(PERF_ANALYZER),
+                *("-m", model, "-u", grpc_url, "-i", "grpc", "--streaming"),
+                *("--input-data", str(input_data)),
+                *("--concurrency-range", str(concurrency)),
+                *("--request-count", str(request_count)),
+                *("--profile-export-file", str(export), "-f", str(report)),
+            ]
+            finished = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+            if finished.returncode != 0:
+                raise RuntimeError(
+                    f"perf_analyzer failed ({finished.returncode}):\n{finished.stdout[-3000:]}"
+                    f"\n{finished.stderr[-2000:]}"
+                )
+            text = export.read_text()
+            try:
+                profile = json.loads(text)
+            except json.JSONDecodeError as err:
+                if attempt == attempts:
+                    raise RuntimeError(
+                        f"perf_analyzer left an incomplete profile export {attempts} times "
+                        f"({len(text)} characters: {err})"
+                    ) from err
+                print(
+                    f"perf_analyzer left an incomplete profile export ({len(text)} characters); "
+                    f"measuring again (attempt {attempt + 1} of {attempts})",
+                    flush=True,
+                )
+                continue
+            records, failed = records_from_profile(profile)
+            with report.open() as handle:
+                row = next(csv.DictReader(handle))
+            return Measurement(records, failed, float(row["Inferences/Second"]))
+    raise AssertionError("unreachable: the last attempt returns or raises")
