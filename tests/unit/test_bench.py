@@ -320,7 +320,7 @@ def _results(config: BenchConfig) -> dict:
         ms += [
             _measurement("A", rep, "triton", "mixed", c, 0.9 + 0.01 * rep),
             _measurement("A", rep, "triton", "base", c, 1.0),
-            _measurement("A", rep, "triton", "nolora", c, 1.0),
+            _measurement("A", rep, "triton", "nolora", c, 0.98 - 0.01 * rep),
             _measurement("A", rep, "triton", "single", c, 0.9),
             _measurement("A", rep, "triton", "many", c, 0.45, load=0.5 * rep),
             _measurement("A", rep, "triton", "nolora", config.p5_concurrency, 1.2),
@@ -375,12 +375,14 @@ def test_ratios_are_paired_by_round_and_checked_against_goals():
         r.name.split()[0]: r for r in all_ratios(_results(config), config) if "(" not in r.name
     }
     assert ratios["P1"].value == pytest.approx(0.97) and ratios["P1"].met is True
-    assert ratios["P2"].value == pytest.approx(0.91) and ratios["P2"].met is True
+    assert ratios["P2"].value == pytest.approx(0.91) and ratios["P2"].met is False  # goal 0.95
+    # no adapter on the LoRA engine ÷ LoRA off: 0.98, 0.97, 0.96 -> 0.97, under its goal 0.98
+    assert ratios["P2-none"].value == pytest.approx(0.97) and ratios["P2-none"].met is False
     assert ratios["P3"].value == pytest.approx(0.5) and ratios["P3"].met is False
     # P5: served RTF = 1.2 req/s at p5_concurrency * 5 s clips = 6; pipeline batch 1: RTF 2
     assert ratios["P5"].value == pytest.approx(3.0) and ratios["P5"].met is True
     assert ratios["P6"].value == pytest.approx(1.01) and ratios["P6"].met is True
-    assert list(ratios) == ["P1", "P2", "P3", "P5", "P6"]
+    assert list(ratios) == ["P1", "P2", "P2-none", "P3", "P5", "P6"]
     beside = [r for r in all_ratios(_results(config), config) if "pipeline batch 4" in r.name]
     assert beside[0].value == pytest.approx(2.0)
 
