@@ -58,15 +58,19 @@ def run_perf_analyzer(
             "-f",
             str(report),
         ]
-        finished = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-        if finished.returncode != 0:
-            raise RuntimeError(
-                f"perf_analyzer failed ({finished.returncode}):\n{finished.stdout[-3000:]}"
-                f"\n{finished.stderr[-2000:]}"
-            )
+        _run_checked(command, timeout_s)
         with report.open() as handle:
             row = next(csv.DictReader(handle))
     return {key: float(value) for key, value in row.items()}
+
+
+def _run_checked(command: list[str], timeout_s: float) -> None:
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    if finished.returncode != 0:
+        raise RuntimeError(
+            f"perf_analyzer failed ({finished.returncode}):\n{finished.stdout[-3000:]}"
+            f"\n{finished.stderr[-2000:]}"
+        )
 
 
 @dataclass(frozen=True)
@@ -129,12 +133,7 @@ def run_requests(
                 *("--request-count", str(request_count)),
                 *("--profile-export-file", str(export), "-f", str(report)),
             ]
-            finished = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-            if finished.returncode != 0:
-                raise RuntimeError(
-                    f"perf_analyzer failed ({finished.returncode}):\n{finished.stdout[-3000:]}"
-                    f"\n{finished.stderr[-2000:]}"
-                )
+            _run_checked(command, timeout_s)
             text = export.read_text()
             try:
                 profile = json.loads(text)
