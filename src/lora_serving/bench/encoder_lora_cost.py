@@ -9,22 +9,16 @@ median ratio.
 """
 
 import argparse
-import socket
 import statistics
 import tempfile
 from pathlib import Path
 
 from lora_serving.bench import perf_data
 from lora_serving.bench.perf_analyzer import run_perf_analyzer
+from lora_serving.bench.processes import free_port
 from lora_serving.launcher import REPO_ROOT, TritonServer
 
 WORKLOADS = {"all-layer": ["all_layers"], "decoder-only": ["alpha"]}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def measure(
@@ -68,9 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.grpc_url is None:
         server = TritonServer(
             REPO_ROOT / "model_repository",
-            http=_free_port(),
-            grpc=_free_port(),
-            metrics=_free_port(),
+            http=free_port(),
+            grpc=free_port(),
+            metrics=free_port(),
             extra_args=["--model-control-mode=explicit", "--load-model=whisper_lora"],
             log_path=Path(tempfile.gettempdir()) / "encoder_lora_cost.log",
         )

@@ -15,13 +15,14 @@ import argparse
 import json
 import os
 import shutil
-import socket
-import statistics
 import time
 from pathlib import Path
 
 from lora_serving.bench import perf_data
 from lora_serving.bench.perf_analyzer import run_perf_analyzer
+from lora_serving.bench.processes import free_port
+from lora_serving.bench.repository import FLEET_PATH_KEYS
+from lora_serving.bench.stats import median, paired_ratios
 from lora_serving.launcher import REPO_ROOT, TritonServer
 
 SHIPPED = REPO_ROOT / "model_repository" / "qwen_vl_lora"
@@ -50,12 +51,6 @@ COMPAT_EDITS = (
 SOURCES = ("model.py", "utils/metrics.py", "utils/request.py", "utils/vllm_backend_utils.py")
 WORKLOADS = {"base": [None], "mixed": ["alpha", "beta"]}
 MODEL_NAMES = {"ours": "qwen_vl_lora", "vllm_backend": "vllm_model"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def shipped_settings() -> dict:
@@ -104,7 +99,7 @@ def our_repository(folder: Path, settings: dict) -> None:
     ours = json.loads(json.dumps(settings))
     ours["model"] = str((SHIPPED / "1" / settings["model"]).resolve())
     fleet = ours["serving"].get("adapters", {})
-    for key in ("roots", "snapshot_dir"):
+    for key in FLEET_PATH_KEYS:
         fleet.pop(key, None)
     (model / "1" / "model.json").write_text(json.dumps(ours, indent=1))
     (model / "1" / "multi_lora.json").write_text(json.dumps(demo_adapters()))
@@ -147,9 +142,9 @@ def input_files(folder: Path, max_tokens: int) -> dict[tuple[str, str], Path]:
 def measure_side(side, repository, files, concurrencies, results, label, folder) -> None:
     server = TritonServer(
         repository,
-        http=_free_port(),
-        grpc=_free_port(),
-        metrics=_free_port(),
+        http=free_port(),
+        grpc=free_port(),
+        metrics=free_port(),
         log_path=folder / f"tritonserver-{side}.log",
     )
     try:
@@ -182,22 +177,20 @@ def summary(results: dict, concurrencies) -> list[dict]:
         for concurrency in concurrencies:
             ours = results[f"ours {workload} c={concurrency}"]
             theirs = results[f"vllm_backend {workload} c={concurrency}"]
-            ratios = [
-                a["Inferences/Second"] / b["Inferences/Second"]
-                for a, b in zip(ours, theirs, strict=True)
-            ]
+            ratios = paired_ratios(
+                [r["Inferences/Second"] for r in ours], [r["Inferences/Second"] for r in theirs]
+            )
             rows.append(
                 {
                     "workload": workload,
                     "concurrency": concurrency,
-                    "ours_rps": statistics.median(r["Inferences/Second"] for r in ours),
-                    "vllm_backend_rps": statistics.median(r["Inferences/Second"] for r in theirs),
-                    "ratio": statistics.median(ratios),
+                    "ours_rps": median(r["Inferences/Second"] for r in ours),
+                    "vllm_backend_rps": median(r["Inferences/Second"] for r in theirs),
+                    "ratio": median(ratios),
                     "ratio_min": min(ratios),
                     "ratio_max": max(ratios),
-                    "ours_p50_ms": statistics.median(r["p50 latency"] for r in ours) / 1e3,
-                    "vllm_backend_p50_ms": statistics.median(r["p50 latency"] for r in theirs)
-                    / 1e3,
+                    "ours_p50_ms": median(r["p50 latency"] for r in ours) / 1e3,
+                    "vllm_backend_p50_ms": median(r["p50 latency"] for r in theirs) / 1e3,
                 }
             )
     return rows
