@@ -4,7 +4,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any
 
-from lora_serving.adapters import Adapter
+from lora_serving.adapters.catalog import Adapter
 
 
 @dataclass

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from lora_serving.adapters import Adapter, name_from_engine_name
+from lora_serving.adapters.catalog import Adapter, name_from_engine_name
 
 BASE_LABEL = "(base)"  # no adapter; parentheses cannot occur in adapter names
 UNKNOWN_LABEL = "(unknown)"  # refused before its adapter was known (bad input, unknown name)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from lora_serving.adapter_checks import BaseModel, canonical_module, max_tensor_rank
-from lora_serving.adapter_control import parse_command
-from lora_serving.adapters import load_adapter, weight_shapes
+from lora_serving.adapters.catalog import load_adapter, weight_shapes
+from lora_serving.adapters.checks import BaseModel, canonical_module, max_tensor_rank
+from lora_serving.adapters.control import parse_command
 from lora_serving.errors import ConfigError, InvalidRequest
 from lora_serving.metrics import BASE_LABEL, JobMeter, scheduler_load
 from lora_serving.settings import AdapterOptions, EngineSettings

@@ -9,10 +9,10 @@ from functools import partial
 
 import pytest
 
-from lora_serving.adapter_checks import BaseModel
-from lora_serving.adapter_fleet import AdapterFleet
-from lora_serving.adapter_sources import AdapterSources, Snapshots
-from lora_serving.adapters import load_adapter
+from lora_serving.adapters.catalog import load_adapter
+from lora_serving.adapters.checks import BaseModel
+from lora_serving.adapters.fleet import AdapterFleet
+from lora_serving.adapters.sources import AdapterSources, Snapshots
 from lora_serving.errors import AdapterUnavailable, ConfigError, InvalidRequest, UnknownAdapter
 from lora_serving.metrics import AdapterStates
 from tests.unit.adapter_factory import make_adapter, make_base, publish

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from lora_serving.adapters import AdapterCatalog, check_adapter_name, pick_adapter_name
+from lora_serving.adapters.catalog import AdapterCatalog, check_adapter_name, pick_adapter_name
 from lora_serving.errors import ConfigError, InvalidRequest, UnknownAdapter
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from lora_serving.adapters import AdapterCatalog
+from lora_serving.adapters.catalog import AdapterCatalog
 from lora_serving.errors import InvalidRequest
 from lora_serving.jobs import GenerationChunk
 from lora_serving.request_inputs import RawRequest

@@ -14,7 +14,7 @@ from PIL import Image
 from safetensors.numpy import load_file, save_file
 
 from lora_serving import vision
-from lora_serving.adapters import AdapterCatalog, load_adapter
+from lora_serving.adapters.catalog import AdapterCatalog, load_adapter
 from lora_serving.errors import ConfigError, InvalidRequest
 from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings, ServingOptions

@@ -181,7 +181,7 @@ def test_one_silence_shorter_than_min_silence_keeps_one_chunk(detector, speech_a
 def task(demo_models, tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from lora_serving.adapters import AdapterCatalog
+    from lora_serving.adapters.catalog import AdapterCatalog
     from lora_serving.settings import EngineSettings
     from lora_serving.tasks.transcription import TranscriptionTask
 

@@ -65,7 +65,7 @@ class InProcessEngine:
 
     def __init__(self, model_json: Path, task: str):
         from lora_serving import dtype_choice
-        from lora_serving.adapters import AdapterCatalog
+        from lora_serving.adapters.catalog import AdapterCatalog
         from lora_serving.settings import EngineSettings
         from lora_serving.tasks import load_tokenizer, task_class
 

@@ -65,7 +65,7 @@ def engine_processes(root_pid: int, instance: str | None = None) -> dict[str, in
 class Isolation:
     """Only the side being measured runs.
 
-    A served LoRA model polls its engine's adapter state every few seconds (adapter_fleet's
+    A served LoRA model polls its engine's adapter state every few seconds (adapters.fleet's
     STATE_INTERVAL_S); each poll wakes the vLLM worker, which then busy-polls its queue for a
     second (vLLM's SpinCondition), about 20% of the core it is pinned to, the same core the
     other configuration's engine is pinned to. So before each measurement the stubs of the

@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from lora_serving.adapters import Adapter
+from lora_serving.adapters.catalog import Adapter
 from lora_serving.engine.job_guard import JobGuard
 from lora_serving.engine.lora_slots import (
     ADAPTER_LOADS_METHOD,

@@ -3,7 +3,7 @@
 import json
 from typing import Any, Protocol
 
-from lora_serving.adapters import Adapter, AdapterCatalog, pick_adapter_name
+from lora_serving.adapters.catalog import Adapter, AdapterCatalog, pick_adapter_name
 from lora_serving.errors import InvalidRequest
 from lora_serving.jobs import GenerationChunk, GenerationJob, RequestPlan
 from lora_serving.request_inputs import RawRequest

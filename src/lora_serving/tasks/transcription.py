@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from lora_serving import audio
-from lora_serving.adapters import AdapterCatalog
+from lora_serving.adapters.catalog import AdapterCatalog
 from lora_serving.errors import InvalidRequest
 from lora_serving.jobs import FINAL_ONLY, GenerationChunk, GenerationJob, RequestPlan, Stream
 from lora_serving.request_inputs import RawRequest

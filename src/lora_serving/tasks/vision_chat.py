@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lora_serving import vision
-from lora_serving.adapters import AdapterCatalog
+from lora_serving.adapters.catalog import AdapterCatalog
 from lora_serving.errors import ConfigError, InvalidRequest
 from lora_serving.jobs import GenerationChunk, GenerationJob, RequestPlan
 from lora_serving.request_inputs import RawRequest

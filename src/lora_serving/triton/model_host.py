@@ -4,7 +4,7 @@ Request flow: execute -> submit_all: each request is decoded at once (a bad one 
 its error and the others go on), then its jobs run on the engine loop; every response goes out
 through the request's RequestChannel, which gets exactly one FINAL and is never touched after it
 (triton/response_sender.py says why). A request carrying the `adapter_command` input is an
-operator's command to the adapter fleet (adapter_control), answered in text_output as JSON.
+operator's command to the adapter fleet (adapters.control), answered in text_output as JSON.
 """
 
 import asyncio
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from lora_serving import adapter_control, dtype_choice
-from lora_serving.adapter_fleet import AdapterFleet
+from lora_serving import dtype_choice
+from lora_serving.adapters import control as adapter_control
+from lora_serving.adapters.fleet import AdapterFleet
 from lora_serving.engine import lora_slots, recovery
 from lora_serving.engine.engine_host import EngineHost
 from lora_serving.errors import ConfigError, EngineUnavailable, InvalidRequest, ServingError

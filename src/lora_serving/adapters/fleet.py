@@ -2,8 +2,8 @@
 restart of Triton or the engine.
 
 - Each loaded version gets a new lora_int_id from a counter (vLLM caches adapters by id) and is
-  served from its own snapshot (adapter_sources.Snapshots), checked like multi_lora.json's
-  adapters always were (adapters.load_adapter) plus base-model fit (adapter_checks), then loaded
+  served from its own snapshot (sources.Snapshots), checked like multi_lora.json's
+  adapters always were (catalog.load_adapter) plus base-model fit (checks), then loaded
   into the engine once (`add_lora`), so vLLM's own checks run where a failure is only a refusal.
 - Requests lease the version they run on (`lease`). A removed or replaced version leaves the
   name at once, so later requests see `unknown adapter` or the new weights, and is dropped
@@ -27,8 +27,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from lora_serving.adapter_checks import BaseModel
-from lora_serving.adapter_sources import (
+from lora_serving.adapters.catalog import (
+    Adapter,
+    check_adapter_name,
+    load_adapter,
+    requested_adapter,
+)
+from lora_serving.adapters.checks import BaseModel
+from lora_serving.adapters.sources import (
     CONTROL,
     MULTI_LORA,
     AdapterSources,
@@ -37,7 +43,6 @@ from lora_serving.adapter_sources import (
     SourceScan,
     fingerprint,
 )
-from lora_serving.adapters import Adapter, check_adapter_name, load_adapter, requested_adapter
 from lora_serving.errors import AdapterUnavailable, ConfigError, InvalidRequest, UnknownAdapter
 from lora_serving.metrics import AdapterStates, MetricsSink, NoMetrics
 from lora_serving.settings import EngineSettings

@@ -7,7 +7,7 @@ Sources, in order of precedence for a name:
                     skipped, so an adapter written to `.name.tmp` and renamed into place is
                     never seen half-written. Whatever a root holds must resolve inside it: a
                     symlink (folder or file) pointing out of the root is refused.
-  control requests  `load name path` names a folder inside a root (see adapter_control).
+  control requests  `load name path` names a folder inside a root (see adapters.control).
 
 The engine never reads an operator's folder: each loaded version is copied into a private
 snapshot first and checked there, so what was checked is exactly what is served, and files
@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lora_serving.adapters import (
+from lora_serving.adapters.catalog import (
     CONFIG_FILE,
     PICKLE_FILE,
     PICKLE_REFUSED,

@@ -3,7 +3,7 @@
 Each adapter is checked when the model loads (name, folder, PEFT config, rank, weight format,
 modules the engine can apply, and, given a base model, module shapes and base model name) and a
 bad one is refused with every problem listed, so nothing is discovered halfway through a request
-or silently half-applied. `adapter_fleet` uses the same checks for adapters added at runtime.
+or silently half-applied. `adapters.fleet` uses the same checks for adapters added at runtime.
 """
 
 import json
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from lora_serving.adapter_checks import max_tensor_rank
+from lora_serving.adapters.checks import max_tensor_rank
 from lora_serving.errors import ConfigError, InvalidRequest, UnknownAdapter
 
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -66,7 +66,7 @@ def name_from_engine_name(engine_name: str) -> str:
 
 
 class BaseModelCheck(Protocol):
-    """Does an adapter fit the served base model? (see adapter_checks.BaseModel)"""
+    """Does an adapter fit the served base model? (see adapters.checks.BaseModel)"""
 
     def problems(self, config: dict, shapes: dict[str, tuple[int, ...]]) -> list[str]: ...
 
