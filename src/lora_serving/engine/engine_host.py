@@ -78,6 +78,7 @@ class EngineHost:
         self._engine_counts_task: asyncio.Task | None = None
         self._engine_counts_again = False
         self._loop = asyncio.new_event_loop()
+        self._tasks: set[asyncio.Task] = set()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="engine-loop", daemon=True
         )
@@ -144,6 +145,24 @@ class EngineHost:
     def submit(self, coroutine: Coroutine) -> concurrent.futures.Future:
         """Run a coroutine on the engine loop (callable from any thread)."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    def submit_all(self, coroutines: list[Coroutine]) -> None:
+        """Start coroutines on the engine loop with one wake-up of the loop for all of them.
+
+        Waking the loop is a write to its self-pipe, and the calling thread (Triton's execute())
+        then waits for the GIL, which the loop thread holds while it processes outputs: py-spy
+        put 48 % of qwen_vl_lora's stub samples there at 8 requests in flight, with the engine
+        idle 90 % of the time. One wake-up per execute() call instead of one per request."""
+        if not coroutines:
+            return
+
+        def start_all():
+            for coroutine in coroutines:
+                task = self._loop.create_task(coroutine)
+                self._tasks.add(task)  # the loop keeps only a weak reference
+                task.add_done_callback(self._tasks.discard)
+
+        self._loop.call_soon_threadsafe(start_all)
 
     @property
     def inflight(self) -> int:
