@@ -45,7 +45,7 @@ def engine_processes(root_pid: int, instance: str | None = None) -> dict[str, in
     found: dict[str, int] = {}
     if instance is not None:
         for child in root.children():
-            if any(instance in part for part in child.cmdline()):
+            if any(instance in part for part in _cmdline(child)):
                 found["stub"] = child.pid
                 tops = [child]
                 break
@@ -60,6 +60,17 @@ def engine_processes(root_pid: int, instance: str | None = None) -> dict[str, in
             if role:
                 found.setdefault(role, process.pid)
     return found
+
+
+def _cmdline(process) -> list[str]:
+    """A process's command line; [] for one that has exited or is a zombie (an unloaded
+    model's stub, not yet reaped by tritonserver)."""
+    import psutil
+
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
 
 
 class Isolation:
