@@ -121,23 +121,25 @@ class ModelHost:
     # ---- requests ----------------------------------------------------------------------------
     def submit_all(self, requests) -> None:
         jobs = []
-        for request in requests:
-            channel = self.responses.channel(request)
-            try:
-                raw = tensors.read_request(request, self.input_names)
-                if raw.has(COMMAND_INPUT):
-                    self._submit_command(raw, channel)
+        try:
+            for request in requests:
+                channel = self.responses.channel(request)
+                try:
+                    raw = tensors.read_request(request, self.input_names)
+                    if raw.has(COMMAND_INPUT):
+                        self._submit_command(raw, channel)
+                        continue
+                    plan = self.task.build_plan(raw)
+                    self.engine.check_available()  # before any work is queued
+                except Exception as err:
+                    if not isinstance(err, ServingError):
+                        self._log_unexpected(err)
+                    self.metrics.record(RequestRefused(UNKNOWN_LABEL))
+                    channel.send(error_response(err), final=True)
                     continue
-                plan = self.task.build_plan(raw)
-                self.engine.check_available()  # before any work is queued
-            except Exception as err:
-                if not isinstance(err, ServingError):
-                    self._log_unexpected(err)
-                self.metrics.record(RequestRefused(UNKNOWN_LABEL))
-                channel.send(error_response(err), final=True)
-                continue
-            jobs.append(self._serve(plan, channel, _timeout_s(request)))
-        self.engine.submit_all(jobs)
+                jobs.append(self._serve(plan, channel, _timeout_s(request)))
+        finally:  # the requests taken so far run even if a later one raises
+            self.engine.submit_all(jobs)
 
     # ---- adapter commands --------------------------------------------------------------------
     def _submit_command(self, raw: RawRequest, channel: RequestChannel) -> None:
