@@ -1,6 +1,8 @@
 """vLLM general plugin: our fixes for vLLM LoRA defects that upstream has not merged yet.
 
 - cpu_no_lora_index (defect 1, CPU only): a request without an adapter gets zero LoRA delta.
+- cpu_no_spin (not a defect, CPU only): vLLM's processes wait for each other's messages asleep
+  instead of spinning a core.
 - whisper_encoder_lora (defect 2, every platform): Whisper takes per-request LoRA on its
   encoder and cross-attention kv_proj.
 - whisper_decoder_prompt (every platform): Whisper's decoder prompt is not prefixed with an extra
@@ -71,6 +73,13 @@ def register() -> None:
             applied.append(
                 "cpu_no_lora_index (CPU LoRA ops give rows without an adapter, index -1, zero "
                 "delta)"
+            )
+        from . import cpu_no_spin
+
+        if cpu_no_spin.apply():
+            applied.append(
+                f"cpu_no_spin (message-queue readers spin {cpu_no_spin.spin_seconds():g} s, "
+                "then sleep until notified)"
             )
 
     from . import whisper_encoder_lora
