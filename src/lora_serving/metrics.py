@@ -53,10 +53,13 @@ class SchedulerLoad:
 
 @dataclass(frozen=True)
 class EncoderWork:
-    """Whisper encoder inputs computed / reused so far (totals since the engine started)."""
+    """Whisper encoder inputs computed / reused so far (totals since the engine started), and
+    the cross-attention K/V likewise (per request window and decoder layer)."""
 
     runs: int
     reuses: int
+    cross_kv_runs: int = 0
+    cross_kv_reuses: int = 0
 
 
 @dataclass(frozen=True)

@@ -30,18 +30,27 @@ def tokenizer(demo_models):
     return AutoTokenizer.from_pretrained(demo_models / "whisper-base")
 
 
-def encoder_totals(metrics_port: int) -> tuple[int, int]:
-    """(windows encoded, encoder outputs reused) on Triton's /metrics, over every stub."""
+ENCODER_COUNTERS = (
+    "lora_encoder_runs_total",
+    "lora_encoder_reuses_total",
+    "lora_cross_kv_runs_total",
+    "lora_cross_kv_reuses_total",
+)
+
+
+def encoder_totals(metrics_port: int) -> tuple[int, ...]:
+    """(windows encoded, encoder outputs reused, cross-attention K/V computed, reused) on
+    Triton's /metrics, over every stub."""
     url = f"http://127.0.0.1:{metrics_port}/metrics"
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     totals = []
-    for name in ("lora_encoder_runs_total", "lora_encoder_reuses_total"):
+    for name in ENCODER_COUNTERS:
         pattern = rf'^{name}\{{model="{MODEL}"[^}}]*\}} (\S+)$'
         totals.append(int(sum(float(v) for v in re.findall(pattern, text, re.MULTILINE))))
-    return totals[0], totals[1]
+    return tuple(totals)
 
 
-def settled_encoder_totals(metrics_port: int) -> tuple[int, int]:
+def settled_encoder_totals(metrics_port: int) -> tuple[int, ...]:
     """The totals once they stop moving (they are read from the engine after each job)."""
     last, deadline = encoder_totals(metrics_port), time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -80,7 +89,10 @@ def test_beam_search_equals_transformers_and_encodes_each_request_once(
             for name, beams in runs
         ],
     )
-    runs_after, reuses_after = settled_encoder_totals(triton_server.metrics)
+    after = settled_encoder_totals(triton_server.metrics)
+    encoded, reused, cross_computed, cross_reused = (
+        a - b for a, b in zip(after, before, strict=True)
+    )
     prompt = tokenizer.convert_tokens_to_ids(PROMPT_TOKENS)
     base = demo_models / "whisper-base"
     texts = {}
@@ -93,8 +105,13 @@ def test_beam_search_equals_transformers_and_encodes_each_request_once(
     assert texts[(None, 5)] != texts[(None, 1)]  # beams find another transcript here
     # One window per request: each encoded once; the no-speech probe and every beam step of
     # the window reused that output.
-    assert runs_after - before[0] == len(runs)
-    assert reuses_after - before[1] >= len(runs) + 3 * 5 * 5
+    assert encoded == len(runs)
+    assert reused >= len(runs) + 3 * 5 * 5
+    # Cross-attention K/V (counted per request window and decoder layer): computed in a
+    # window's first steps, reused by its beam steps (the all_layers adapter has kv_proj LoRA).
+    layers = json.loads((demo_models / "whisper-base" / "config.json").read_text())
+    assert cross_reused >= layers["decoder_layers"] * 3 * 5 * 4
+    assert cross_computed <= cross_reused / 5, (cross_computed, cross_reused)
 
 
 def test_transformers_beams_with_timestamps_are_refused_clearly(grpc_url, speech):

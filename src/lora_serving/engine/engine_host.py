@@ -244,7 +244,12 @@ class EngineHost:
                     self._encoder_counts_wanted = False
                 else:
                     self._metrics.record(
-                        EncoderWork(counts["encoder_runs"], counts["encoder_reuses"])
+                        EncoderWork(
+                            counts["encoder_runs"],
+                            counts["encoder_reuses"],
+                            counts.get("cross_kv_runs", 0),
+                            counts.get("cross_kv_reuses", 0),
+                        )
                     )
 
         def again(_task) -> None:

@@ -54,7 +54,13 @@ class LoRASlotsExtension:
         return dict(counts)
 
     def lora_serving_encoder_counts(self) -> dict[str, int]:
-        """Whisper encoder inputs computed / reused (vllm_plugin.whisper_encoder_memo)."""
+        """Whisper encoder inputs and cross-attention K/V computed / reused
+        (vllm_plugin.whisper_encoder_memo, whisper_cross_kv_memo)."""
+        from lora_serving.vllm_plugin import whisper_cross_kv_memo
         from lora_serving.vllm_plugin.whisper_encoder_memo import encoder_counts
 
-        return encoder_counts(self.model_runner)
+        cross = whisper_cross_kv_memo.memo_of(self.model_runner)
+        counts = {"cross_kv_runs": 0, "cross_kv_reuses": 0}
+        if cross is not None:
+            counts.update(cross.counts())
+        return {**encoder_counts(self.model_runner), **counts}

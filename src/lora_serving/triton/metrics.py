@@ -16,6 +16,9 @@ adapter ("(base)": no adapter; "(unknown)": refused before its adapter was known
   lora_encoder_runs_total                Whisper: audio windows the encoder computed
   lora_encoder_reuses_total              Whisper: engine requests that reused a window's encoder
                                          output (probe, retries, beam steps)
+  lora_cross_kv_runs_total               Whisper: cross-attention K/V computed, counted per
+                                         engine request window and decoder layer
+  lora_cross_kv_reuses_total             Whisper: likewise, reused from the window's first request
 
 `record` only queues an event: every metric update is a round trip to the Triton process, so one
 thread applies them and the engine loop never waits (as vllm_backend's metrics thread).
@@ -58,6 +61,16 @@ _FAMILIES = {
     "cache_loads": ("lora_adapter_cache_loads_total", "COUNTER", "Adapters read into the cache"),
     "encoder_runs": ("lora_encoder_runs_total", "COUNTER", "Audio windows encoded"),
     "encoder_reuses": ("lora_encoder_reuses_total", "COUNTER", "Encoder outputs reused"),
+    "cross_kv_runs": (
+        "lora_cross_kv_runs_total",
+        "COUNTER",
+        "Cross-attention K/V computed (per request window and decoder layer)",
+    ),
+    "cross_kv_reuses": (
+        "lora_cross_kv_reuses_total",
+        "COUNTER",
+        "Cross-attention K/V reused (per request window and decoder layer)",
+    ),
 }
 _BUCKETS = {"ttft": TTFT_BUCKETS, "latency": LATENCY_BUCKETS}
 _STOP = object()
@@ -151,6 +164,8 @@ class TritonMetrics:
         elif isinstance(event, EncoderWork):
             self._count_up("encoder_runs", event.runs)
             self._count_up("encoder_reuses", event.reuses)
+            self._count_up("cross_kv_runs", event.cross_kv_runs)
+            self._count_up("cross_kv_reuses", event.cross_kv_reuses)
 
     def _count_up(self, family: str, total: int) -> None:
         """A counter follows a total read from the engine (it only grows)."""

@@ -11,6 +11,8 @@
   features after the audio, as openai-whisper's transcribe() and faster-whisper pad it.
 - whisper_encoder_memo (every platform, V1 runner): Whisper's encoder runs once per audio window
   across the requests that decode it (probe, retries, beam steps).
+- whisper_cross_kv_memo (every platform, V1 runner, eager mode): likewise each decoder layer's
+  cross-attention keys and values.
 - die_with_parent (not a defect): an EngineCore or worker dies with the process that started it,
   so a crashed Triton stub leaves no engine behind.
 
@@ -112,6 +114,14 @@ def register() -> None:
         applied.append(
             "whisper_encoder_memo (Whisper's encoder output is reused by the requests of one "
             "audio window)"
+        )
+
+    from . import whisper_cross_kv_memo  # after whisper_encoder_memo: it wraps that wrapper
+
+    if whisper_cross_kv_memo.apply():
+        applied.append(
+            "whisper_cross_kv_memo (Whisper's cross-attention keys and values are reused by "
+            "the requests of one audio window)"
         )
 
     from . import die_with_parent

@@ -24,6 +24,8 @@ import os
 from collections import OrderedDict
 from typing import Any
 
+from .wrapping import wrap_method
+
 MEMO_ENV = "LORA_SERVING_ENCODER_MEMO_MB"
 DEFAULT_MEMO_MB = 256
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
@@ -194,11 +196,4 @@ def apply() -> bool:
     import importlib
 
     runner_cls = getattr(importlib.import_module(RUNNER_MODULE), RUNNER_CLASS)
-    current = runner_cls.__dict__.get("_execute_mm_encoder")
-    if current is None:
-        raise RuntimeError(f"{RUNNER_CLASS}._execute_mm_encoder is missing: re-check the memo")
-    if current is _execute_mm_encoder:
-        return False
-    _ORIGINAL["_execute_mm_encoder"] = current
-    runner_cls._execute_mm_encoder = _execute_mm_encoder
-    return True
+    return wrap_method(runner_cls, "_execute_mm_encoder", _execute_mm_encoder, _ORIGINAL)
