@@ -26,11 +26,11 @@ The memo holds at most `LORA_SERVING_CROSS_KV_MEMO_MB` (default 256; whisper-bas
 import contextvars
 import importlib
 import inspect
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from .memo_budget import budget_from_env, tensor_bytes
 from .wrapping import wrap_method
 
 MEMO_ENV = "LORA_SERVING_CROSS_KV_MEMO_MB"
@@ -67,7 +67,7 @@ class CrossKVMemo:
         layers = self.windows.setdefault(key, {})
         if layer in layers:
             return
-        size = _nbytes(kv)
+        size = tensor_bytes(kv)
         layers[layer] = kv
         self.bytes += size
         self.windows.move_to_end(key)
@@ -83,7 +83,7 @@ class CrossKVMemo:
                 del self.windows[key]
 
     def _drop(self, key: str) -> None:
-        self.bytes -= sum(_nbytes(kv) for kv in self.windows.pop(key).values())
+        self.bytes -= sum(tensor_bytes(kv) for kv in self.windows.pop(key).values())
 
     def counts(self) -> dict[str, int]:
         return {"cross_kv_runs": self.runs, "cross_kv_reuses": self.reuses}
@@ -99,14 +99,8 @@ class Step:
     outputs: list  # the very list the runner passes to the model's forward
 
 
-def _nbytes(tensor) -> int:
-    return int(tensor.numel() * tensor.element_size())
-
-
 def memo_budget_bytes() -> int:
-    value = os.environ.get(MEMO_ENV, "").strip()
-    megabytes = float(value) if value else DEFAULT_MEMO_MB
-    return max(0, int(megabytes * 2**20))
+    return budget_from_env(MEMO_ENV, DEFAULT_MEMO_MB)
 
 
 def cross_kv(kv_proj, encoder_states, step: Step | None, layer: int):

@@ -20,10 +20,10 @@ extension (`engine/lora_slots.py`). Model Runner V2 is left as it is (the GPU wh
 the V1 runner).
 """
 
-import os
 from collections import OrderedDict
 from typing import Any
 
+from .memo_budget import budget_from_env, tensor_bytes
 from .wrapping import wrap_method
 
 MEMO_ENV = "LORA_SERVING_ENCODER_MEMO_MB"
@@ -49,14 +49,14 @@ class EncoderMemo:
         return output
 
     def put(self, key: str, output) -> None:
-        size = _nbytes(output)
+        size = tensor_bytes(output)
         if size > self.budget_bytes or key in self.entries:
             return
         self.entries[key] = output
         self.bytes += size
         while self.bytes > self.budget_bytes:
             _, dropped = self.entries.popitem(last=False)
-            self.bytes -= _nbytes(dropped)
+            self.bytes -= tensor_bytes(dropped)
 
     def counts(self) -> dict[str, int]:
         return {"encoder_runs": self.runs, "encoder_reuses": self.reuses, "entries": len(self)}
@@ -65,14 +65,8 @@ class EncoderMemo:
         return len(self.entries)
 
 
-def _nbytes(output) -> int:
-    return int(output.numel() * output.element_size())
-
-
 def memo_budget_bytes() -> int:
-    value = os.environ.get(MEMO_ENV, "").strip()
-    megabytes = float(value) if value else DEFAULT_MEMO_MB
-    return max(0, int(megabytes * 2**20))
+    return budget_from_env(MEMO_ENV, DEFAULT_MEMO_MB)
 
 
 def plan_encoder_step(
