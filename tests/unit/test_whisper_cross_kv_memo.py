@@ -20,9 +20,11 @@ class CountingProjection:
     def __init__(self):
         self.linear = torch.nn.Linear(WIDTH, 2 * WIDTH)
         self.calls = 0
+        self.rows = 0
 
     def __call__(self, states):
         self.calls += 1
+        self.rows += states.shape[0]
         with torch.no_grad():
             return self.linear(states), None
 
@@ -31,9 +33,9 @@ def windows(*names: str) -> dict[str, torch.Tensor]:
     return {name: torch.randn(ROWS, WIDTH) for name in names}
 
 
-def step(memo: CrossKVMemo, audio: dict[str, torch.Tensor], keys: list[str]) -> tuple:
+def step(memo: CrossKVMemo, audio: dict, keys: list[str], base_only: bool = False) -> tuple:
     states = torch.cat([audio[key] for key in keys])
-    return Step(memo, keys, [ROWS] * len(keys), outputs=[]), states
+    return Step(memo, keys, [ROWS] * len(keys), outputs=[], base_only=base_only), states
 
 
 def test_a_window_seen_in_every_layer_is_not_projected_again():
@@ -61,6 +63,23 @@ def test_a_step_with_a_new_window_projects_all_its_rows_and_keeps_the_new_one():
     assert torch.equal(memo.get("b", 0), kv[ROWS:])
     reused = cross_kv(proj, *reversed(step(memo, audio, ["b"])), layer=0)
     assert proj.calls == 2 and torch.equal(reused, kv[ROWS:])
+
+
+def test_without_adapters_a_window_new_to_two_requests_of_a_step_is_projected_once():
+    """A window's probe and decode in one step: with no adapter, kv_proj's base layer runs over
+    each window's rows once; with adapters every row goes through kv_proj (one tower LoRA
+    mapping entry per row)."""
+    memo, proj, audio = CrossKVMemo(1 << 20), CountingProjection(), windows("a", "b")
+    keys = ["a", "b", "a"]
+    base, states = step(memo, audio, keys, base_only=True)
+    kv = cross_kv(proj, states, base, layer=0)
+    assert proj.rows == 2 * ROWS  # not 3
+    assert torch.allclose(kv, proj.linear(states).detach(), atol=1e-6)
+    assert (memo.runs, memo.reuses) == (2, 1)
+    adapted, states = step(CrossKVMemo(1 << 20), audio, keys, base_only=False)
+    proj.rows = 0
+    cross_kv(proj, states, adapted, layer=0)
+    assert proj.rows == 3 * ROWS
 
 
 def test_a_reused_result_is_a_copy_the_attention_may_not_write_into_the_memo():

@@ -14,7 +14,8 @@ our per-window uuid) and the list of encoder outputs it hands to the model.
 `WhisperModel.forward`, given that very list, makes the step current for its decoder layers;
 each `WhisperCrossAttention` then takes its K/V from the memo when every window of the step is
 there, and otherwise runs `kv_proj` over all rows as vLLM does (the tower LoRA mapping covers
-all rows) and keeps the new windows' slices.
+all rows) and keeps the new windows' slices; in a step without adapters, the base projection
+runs once per window (a window's probe and decode often start in the same step).
 The values are those `kv_proj` computed for the window's first request, so a request decodes
 exactly as it would have.
 
@@ -97,6 +98,7 @@ class Step:
     keys: list[str]
     rows: list[int]  # encoder frames per window
     outputs: list  # the very list the runner passes to the model's forward
+    base_only: bool = False  # no request of the step has an adapter
 
 
 def memo_budget_bytes() -> int:
@@ -112,14 +114,39 @@ def cross_kv(kv_proj, encoder_states, step: Step | None, layer: int):
     if all(kv is not None for kv in known):
         memo.reuses += len(known)
         return _torch().cat(known)  # a new tensor: the attention may not write into the memo
-    kv, _ = kv_proj(encoder_states)
-    memo.runs += len(known)
+    if step.base_only and len(set(step.keys)) < len(step.keys):
+        kv = _project_each_window_once(kv_proj, encoder_states, step)
+        memo.runs += len(set(step.keys))
+        memo.reuses += len(step.keys) - len(set(step.keys))
+    else:
+        kv, _ = kv_proj(encoder_states)
+        memo.runs += len(known)
     keep, start = set(step.keys), 0
     for key, rows in zip(step.keys, step.rows, strict=True):
         if memo.get(key, layer) is None:
             memo.put(key, layer, kv[start : start + rows].clone(), keep)
         start += rows
     return kv
+
+
+def _project_each_window_once(kv_proj, encoder_states, step: Step):
+    """A window's probe and decode often start in one step. Without adapters (LoRA adds exactly
+    zero to such rows) the base projection runs over each window's rows once, and its result is
+    repeated for the window's other requests. With adapters kv_proj must see every row: the
+    tower LoRA mapping has one entry per row."""
+    torch = _torch()
+    base = getattr(kv_proj, "base_layer", kv_proj)  # the LoRA wrapper's own linear layer
+    first: dict[str, tuple[int, int]] = {}
+    start = 0
+    for key, rows in zip(step.keys, step.rows, strict=True):
+        first.setdefault(key, (start, rows))
+        start += rows
+    projected = base(torch.cat([encoder_states[s : s + n] for s, n in first.values()]))[0]
+    by_key, start = {}, 0
+    for key, (_, rows) in first.items():
+        by_key[key] = projected[start : start + rows]
+        start += rows
+    return torch.cat([by_key[key] for key in step.keys])
 
 
 def _torch():
@@ -168,10 +195,11 @@ def _execute_mm_encoder(self, scheduler_output):
     if memo is None:
         return outputs
     memo.pending = None
-    keys = []
+    keys, adapters = [], set()
     for req_id, input_ids in scheduler_output.scheduled_encoder_inputs.items():
         request = self.requests[req_id]
         adapter = request.lora_request.lora_name if request.lora_request else ""
+        adapters.add(adapter)
         for input_id in input_ids:
             feature = request.mm_features[input_id]
             if feature.identifier is None:
@@ -179,7 +207,7 @@ def _execute_mm_encoder(self, scheduler_output):
             keys.append(f"{adapter}|{feature.identifier}")
     if len(keys) == len(outputs):
         rows = [int(output.shape[0]) for output in outputs]
-        memo.pending = Step(memo, keys, rows, outputs)
+        memo.pending = Step(memo, keys, rows, outputs, base_only=adapters == {""})
     return outputs
 
 
