@@ -247,8 +247,8 @@ class EngineHost:
                         EncoderWork(
                             counts["encoder_runs"],
                             counts["encoder_reuses"],
-                            counts.get("cross_kv_runs", 0),
-                            counts.get("cross_kv_reuses", 0),
+                            counts["cross_kv_runs"],
+                            counts["cross_kv_reuses"],
                         )
                     )
 

@@ -114,10 +114,11 @@ def cross_kv(kv_proj, encoder_states, step: Step | None, layer: int):
     if all(kv is not None for kv in known):
         memo.reuses += len(known)
         return _torch().cat(known)  # a new tensor: the attention may not write into the memo
-    if step.base_only and len(set(step.keys)) < len(step.keys):
+    distinct = len(set(step.keys))
+    if step.base_only and distinct < len(step.keys):
         kv = _project_each_window_once(kv_proj, encoder_states, step)
-        memo.runs += len(set(step.keys))
-        memo.reuses += len(step.keys) - len(set(step.keys))
+        memo.runs += distinct
+        memo.reuses += len(step.keys) - distinct
     else:
         kv, _ = kv_proj(encoder_states)
         memo.runs += len(known)
@@ -166,9 +167,10 @@ def memo_of(runner) -> CrossKVMemo | None:
     zero budget, or a model that is not laid out as expected."""
     model = runner.__dict__.get("_lora_serving_cross_kv_model", False)
     if model is False:
-        model = _whisper_model(runner) if memo_budget_bytes() > 0 else None
+        budget = memo_budget_bytes()
+        model = _whisper_model(runner) if budget > 0 else None
         if model is not None:
-            setattr(model, _MEMO_ATTR, CrossKVMemo(memo_budget_bytes()))
+            setattr(model, _MEMO_ATTR, CrossKVMemo(budget))
         runner._lora_serving_cross_kv_model = model
     return None if model is None else getattr(model, _MEMO_ATTR)
 
@@ -255,7 +257,8 @@ def apply() -> bool:
     runner_cls = getattr(importlib.import_module(RUNNER_MODULE), RUNNER_CLASS)
     whisper = importlib.import_module(WHISPER_MODULE)
     cross_cls = whisper.WhisperCrossAttention
-    if cross_cls.__dict__.get("forward") is not _cross_attention_forward:
+    replace_cross = cross_cls.__dict__.get("forward") is not _cross_attention_forward
+    if replace_cross:
         source = inspect.getsource(cross_cls.forward)
         if UPSTREAM_CROSS_KV_LINE not in source or "self.attn(q, k, v)" not in source:
             raise RuntimeError(
@@ -263,9 +266,7 @@ def apply() -> bool:
             )
     changed = wrap_method(runner_cls, "_execute_mm_encoder", _execute_mm_encoder, _ORIGINAL)
     changed |= wrap_method(whisper.WhisperModel, "forward", _whisper_model_forward, _ORIGINAL)
-    # Replaced, not wrapped: its kv_proj call is what changes.
-    if cross_cls.__dict__.get("forward") is not _cross_attention_forward:
+    if replace_cross:  # replaced, not wrapped: its kv_proj call is what changes
         _ORIGINAL["cross_attention_forward"] = cross_cls.forward
         cross_cls.forward = _cross_attention_forward
-        changed = True
-    return changed
+    return changed or replace_cross
