@@ -290,6 +290,24 @@ def test_profile_summary_separates_waiting_from_work():
     assert inclusive["_lora_product (lora_serving/vllm_plugin/cpu_no_lora_index.py)"] == 0.3
 
 
+def test_a_queue_reader_asleep_in_zmq_is_waiting():
+    """With cpu_no_spin, vLLM's queue readers wait in zmq's Poller.poll (woken every 1 ms while
+    messages flow, so py-spy samples them as active): waiting, not work."""
+    site = "/x/.venv/lib/python3.11/site-packages"
+    text = "\n".join(
+        [
+            f"run (threading.py:1);dequeue ({site}/vllm/v1/executor/multiproc_executor.py:98);"
+            f"wait ({site}/lora_serving/vllm_plugin/cpu_no_spin.py:55);"
+            f"Poller.poll ({site}/zmq/sugar/poll.py:106) 40",
+            f"run (threading.py:1);step ({site}/vllm/v1/engine/core.py:671);"
+            f"schedule ({site}/vllm/v1/core/sched/scheduler.py:300) 60",
+        ]
+    )
+    summary = summarize_collapsed("engine_core", text)
+    assert summary.waiting == pytest.approx(0.4)
+    assert all("Poller.poll" not in frame for frame, _ in summary.top_frames)
+
+
 # ---- report ------------------------------------------------------------------------------------
 
 

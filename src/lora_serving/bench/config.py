@@ -131,7 +131,8 @@ class BenchConfig:
     # work at that moment) is tried again after this many seconds, once.
     start_retry_wait_s: float = 60.0
     # Before each measurement: the previous side's vLLM engine busy-polls for 1 s after its
-    # last step; wait this long so it does not share the cores with the next side.
+    # last step (vLLM's own readers: GPU, or CPU with LORA_SERVING_MQ_SPIN_S set); wait this
+    # long so it does not share the cores with the next side.
     settle_s: float = 1.2
 
     def model(self, kind: str) -> ModelBench:

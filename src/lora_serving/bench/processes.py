@@ -77,9 +77,10 @@ class Isolation:
     """Only the side being measured runs.
 
     A served LoRA model polls its engine's adapter state every few seconds (adapters.fleet's
-    STATE_INTERVAL_S); each poll wakes the vLLM worker, which then busy-polls its queue for a
-    second (vLLM's SpinCondition), about 20% of the core it is pinned to, the same core the
-    other configuration's engine is pinned to. So before each measurement the stubs of the
+    STATE_INTERVAL_S); each poll wakes the vLLM worker, which on a GPU host then busy-polls its
+    queue for a second (vLLM's SpinCondition; on CPU our plugin's cpu_no_spin keeps it asleep
+    unless LORA_SERVING_MQ_SPIN_S is set), and it runs on the core the other configuration's
+    engine is pinned to. So before each measurement the stubs of the
     Triton models not being measured are paused (SIGSTOP; resumed with SIGCONT afterwards), and
     the bench waits `settle_s` for the previous side's engine to stop spinning."""
 

@@ -19,11 +19,12 @@ FRAME = re.compile(r"^(?P<function>.*?) \((?P<file>[^():]+)(?::(?P<line>\d+))?\)
 
 
 # Leaf frames of threads that wait or spin (vLLM's shared-memory queues busy-poll, so waiting
-# shows up as CPU samples): counted as "waiting", left out of the frame lists.
+# shows up as CPU samples; with cpu_no_spin a reader waits in zmq's Poller.poll, woken every
+# 1 ms): counted as "waiting", left out of the frame lists.
 WAITING = re.compile(
     r"^(sched_yield|SpinCondition\.wait|memory_fence|MessageQueue\.acquire_(read|write)\b.*|"
     r"MessageQueue\.ReadTimeoutWithWarnings\..*|\w*Selector\.select|Condition\.wait|"
-    r"Event\.wait|Queue\.get|_wait_for_tstate_lock|select|poll|epoll_wait)$"
+    r"Event\.wait|Queue\.get|_wait_for_tstate_lock|select|poll|Poller\.poll|epoll_wait)$"
 )
 # Inclusive shares are listed for frames of these packages (our code and vLLM's).
 INCLUSIVE_PREFIXES = ("lora_serving/", "vllm/", "transformers/", "triton_python_backend_utils")
