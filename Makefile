@@ -10,6 +10,9 @@ OPENAI_PORT ?= 9000
 # Every model's float type for `make serve`: float32, bfloat16, or auto (bfloat16 on a CPU with
 # AMX / AVX-512 BF16, else float32; model.json's on a GPU). Tests always pin float32.
 DTYPE ?= auto
+# int8: whisper_lora loads its int8 copy (demo_models/whisper-base-int8, int8 linear layers,
+# vLLM's int8 GEMMs); float: model.json's weights.
+WEIGHTS ?= float
 
 .PHONY: setup serve test test-unit lint lint-deploy lock lock-gpu lock-lint lock-genai-perf image \
 	lock-openai-sdk clean-models \
@@ -22,7 +25,7 @@ setup:
 serve: setup
 	@$(PY) -m lora_serving.launcher --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
 		--metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT) \
-		$(if $(DTYPE),--dtype $(DTYPE))
+		$(if $(DTYPE),--dtype $(DTYPE)) $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 # The whole suite: unit tests, engine tests and end-to-end tests through one real tritonserver.
 test: setup

@@ -19,7 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from lora_serving import dtype_choice
+from lora_serving import dtype_choice, weights_choice
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRITON_DIR = REPO_ROOT / ".triton"
@@ -80,13 +80,17 @@ class TritonServer:
         extra_args: list[str] = (),
         log_path: Path | None = None,
         dtype: str | None = None,
+        weights: str | None = None,
     ):
         """`dtype`: every model's float type for this run (lora_serving.dtype_choice); None:
-        model.json's, unless the caller's environment sets LORA_SERVING_DTYPE."""
+        model.json's, unless the caller's environment sets LORA_SERVING_DTYPE. `weights`: float
+        or int8 (lora_serving.weights_choice); None: LORA_SERVING_WEIGHTS or float."""
         self.http, self.grpc, self.metrics = http, grpc, metrics
         environment = server_environment()
         if dtype is not None:
             environment[dtype_choice.VARIABLE] = dtype
+        if weights is not None:
+            environment[weights_choice.VARIABLE] = weights
         self.log_path = log_path
         self._log = open(log_path, "wb") if log_path else None  # noqa: SIM115 - lives with server
         self.process = subprocess.Popen(
@@ -258,6 +262,13 @@ def main(argv: list[str] | None = None) -> int:
         help="every model's float type for this run (auto: bfloat16 on a CPU with AMX / "
         "AVX-512 BF16, else float32; model.json's on a GPU); default: each model.json's",
     )
+    parser.add_argument(
+        "--weights",
+        choices=weights_choice.CHOICES,
+        default=os.environ.get("WEIGHTS") or None,
+        help="int8: models with a serving.int8_model (whisper_lora) load it, int8 linear "
+        "layers; default: float",
+    )
     parser.add_argument("extra", nargs="*", help="more tritonserver arguments (after --)")
     args = parser.parse_args(argv)
     extra = list(args.extra)
@@ -272,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics=args.metrics_port,
         extra_args=extra,
         dtype=args.dtype,
+        weights=args.weights,
     )
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
     front = None

@@ -94,6 +94,9 @@ class ServingOptions:
     max_items_per_request: int = 16  # batch rows in one Triton request
     max_payload_bytes: int = 64 * 1024 * 1024  # one encoded audio file / image / audio tensor
     multi_lora_file: str = "multi_lora.json"
+    # The same model with int8 linear layers, loaded when the run asks for int8 weights
+    # (lora_serving.weights_choice); relative to model.json.
+    int8_model: str | None = None
     task: dict[str, Any] = field(default_factory=dict)  # task-specific options (audio, images)
     adapters: AdapterOptions = field(default_factory=AdapterOptions)
 
@@ -131,6 +134,11 @@ class EngineSettings:
     @property
     def multi_lora_path(self) -> Path:
         return self.model_dir / self.serving.multi_lora_file
+
+    @property
+    def int8_model(self) -> Path | None:
+        path = self.serving.int8_model
+        return None if path is None else _relative_to(self.model_dir, path)
 
     @classmethod
     def from_file(cls, path: Path) -> "EngineSettings":

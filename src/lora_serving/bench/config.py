@@ -116,9 +116,12 @@ class BenchConfig:
     # (0: as many as cores whisper_lora's engine is bound to).
     wer_threads: int = 0
     # P7 ("speed" in models): whisper_lora's requests in flight on the short clips, and the
-    # dtypes it is served at, one tritonserver each (the first is P7's; bf16 ÷ float32 beside).
+    # dtypes it is served at, one tritonserver each (the first is P7's; bf16 ÷ float32 beside);
+    # "<dtype>+int8" serves its int8 weights (serving.int8_model) at that dtype.
     speed_concurrency: int = 4
-    speed_dtypes: list[str] = field(default_factory=lambda: ["float32", "bfloat16"])
+    speed_dtypes: list[str] = field(
+        default_factory=lambda: ["float32", "bfloat16", "bfloat16+int8"]
+    )
     # P6: adapters loaded into the in-process engine in `p6_batches` batches of `p6_batch_size`
     # after one warm-up adapter (each batch is one repetition).
     p6_batches: int = 3

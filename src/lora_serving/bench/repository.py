@@ -72,6 +72,8 @@ def bench_model_json(
         if isinstance(data.get(key), str):
             data[key] = _resolve(data[key], shipped_dir)
     serving = data.setdefault("serving", {})
+    if isinstance(serving.get("int8_model"), str):
+        serving["int8_model"] = _resolve(serving["int8_model"], shipped_dir)
     adapters = serving.get("adapters")
     if isinstance(adapters, dict):
         for key in FLEET_PATH_KEYS:

@@ -243,9 +243,11 @@ def start_served(
     *,
     label: str = "wer",
     dtype: str | None = None,
+    weights: str | None = None,
 ):
-    """A ready tritonserver serving `repo` (at `dtype`, LORA_SERVING_DTYPE's choices, if
-    given); one more try, Python stacks kept, if it stalls."""
+    """A ready tritonserver serving `repo` (at `dtype`, LORA_SERVING_DTYPE's choices, and with
+    `weights`, LORA_SERVING_WEIGHTS's, if given); one more try, Python stacks kept, if it
+    stalls."""
     from lora_serving.bench.processes import free_port
     from lora_serving.launcher import TritonServer
 
@@ -258,8 +260,10 @@ def start_served(
             extra_args=["--log-verbose=0"],
             log_path=out / f"tritonserver-{label}{'' if attempt == 1 else '-2'}.log",
             dtype=dtype,
+            weights=weights,
         )
-        log(f"   starting tritonserver with {model} only" + (f" ({dtype})" if dtype else ""))
+        settings = "+".join(filter(None, (dtype, weights)))
+        log(f"   starting tritonserver with {model} only" + (f" ({settings})" if settings else ""))
         timeout_s = min(config.server_start_timeout_s, STALLED_START_S)
         try:
             result["server_start_s"] = server.wait_ready(timeout_s=timeout_s)

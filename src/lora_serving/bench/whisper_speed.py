@@ -17,9 +17,11 @@ as the word-error-rate part's "defaults" row (wer.SETTINGS[0]):
          given those as clip_timestamps, since without VAD it cannot cut a long recording itself.
 
 whisper_lora runs on a tritonserver of its own (only that model) once per dtype in
-`speed_dtypes` (float32, then bfloat16: the bf16 ÷ float32 figure). Every side runs `repeats`
-rounds after one untimed warm-up; rates are paired by round. faster-whisper runs once the
-server is stopped, with as many CTranslate2 threads as cores whisper_lora's engine is bound to.
+`speed_dtypes` (float32, then bfloat16: the bf16 ÷ float32 figure, then bfloat16 with its int8
+weights, "bfloat16+int8": the same arithmetic as faster-whisper's int8 on the linear layers).
+Every side runs `repeats` rounds after one untimed warm-up; rates are paired by round.
+faster-whisper runs once the server is stopped, with as many CTranslate2 threads as cores
+whisper_lora's engine is bound to.
 Word error rates (Whisper's English normaliser) of every side on the same clips go beside them.
 """
 
@@ -148,8 +150,17 @@ def measure_served(config, out, log, meter, repo, model, dtype, work) -> dict:
     references, long_reference = list(SENTENCES), [" ".join(SENTENCES)]
     concurrency = config.speed_concurrency
     result: dict = {}
+    served_dtype, _, weights = dtype.partition("+")  # "bfloat16+int8": int8 weights at bf16
     server = wer.start_served(
-        repo, model, out, config, log, result, label=f"speed-{dtype}", dtype=dtype
+        repo,
+        model,
+        out,
+        config,
+        log,
+        result,
+        label=f"speed-{dtype}",
+        dtype=served_dtype,
+        weights=weights or None,
     )
     try:
         url = f"127.0.0.1:{server.grpc}"

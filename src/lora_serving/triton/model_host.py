@@ -20,7 +20,7 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
-from lora_serving import dtype_choice
+from lora_serving import dtype_choice, weights_choice
 from lora_serving.adapters import control as adapter_control
 from lora_serving.adapters.fleet import AdapterFleet
 from lora_serving.engine import lora_slots, recovery
@@ -92,6 +92,13 @@ class ModelHost:
             settings = EngineSettings.from_file(model_dir / "model.json")
             configured = settings.engine_args.get("dtype")
             settings = settings.with_engine_args(dtype_choice.override(os.environ, configured))
+            weights = weights_choice.override(os.environ, settings.int8_model)
+            settings = settings.with_engine_args(weights)
+            if weights_choice.choice(os.environ) == weights_choice.INT8:
+                logger.log_info(
+                    f"{name}: int8 weights asked for; loading {settings.engine_args['model']}"
+                    + ("" if weights else " (no serving.int8_model: its float weights)")
+                )
             kind = task_class(task)
             settings = settings.with_engine_args(kind.engine_overrides(settings))
             settings = settings.with_engine_args(_slot_listing(settings))

@@ -1,6 +1,10 @@
 """vLLM general plugin: our fixes for vLLM LoRA defects that upstream has not merged yet.
 
 - cpu_no_lora_index (defect 1, CPU only): a request without an adapter gets zero LoRA delta.
+- cpu_int8_lora (CPU only): LoRA layers wrap int8 (W8A8) base layers, whose weight vLLM's
+  oneDNN kernel holds itself.
+- cpu_encoder_attention (not a defect, CPU only): encoder attention at bf16/fp16 runs in
+  bf16 GEMMs (PyTorch's CPU flash kernel computes it in float32 without AMX).
 - cpu_no_spin (not a defect, CPU only): vLLM's processes wait for each other's messages asleep
   instead of spinning a core.
 - whisper_encoder_lora (defect 2, every platform): Whisper takes per-request LoRA on its
@@ -75,6 +79,17 @@ def register() -> None:
             applied.append(
                 "cpu_no_lora_index (CPU LoRA ops give rows without an adapter, index -1, zero "
                 "delta)"
+            )
+        from . import cpu_int8_lora
+
+        if cpu_int8_lora.apply():
+            applied.append("cpu_int8_lora (LoRA layers wrap int8 base layers)")
+        from . import cpu_encoder_attention
+
+        if cpu_encoder_attention.apply():
+            applied.append(
+                "cpu_encoder_attention (encoder attention at bf16/fp16 in blocks of reduced-"
+                "precision GEMMs, not PyTorch's float32-internal flash kernel)"
             )
         from . import cpu_no_spin
 
