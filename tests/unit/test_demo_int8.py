@@ -65,7 +65,8 @@ def test_checkpoint_gets_int8_linear_layers_and_a_compressed_tensors_config(tmp_
     }
     assert config["quantization_config"]["ignore"] == ["proj_out"]
     assert (out / "tokenizer.json").read_text() == "{}"
-    assert not (tmp_path / "int8.partial").exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["float", "int8"]  # no staging
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o644  # others read it too
     # Done once: a second call keeps the folder as it is.
     before = (out / "model.safetensors").stat().st_mtime_ns
     assert int8.quantize_checkpoint(tmp_path / "float", tmp_path / "int8") == out
@@ -79,7 +80,7 @@ def test_refuses_a_checkpoint_with_nothing_to_quantize_and_a_half_written_folder
     (folder / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="no tensor"):
         int8.quantize_checkpoint(folder, tmp_path / "int8")
-    assert not (tmp_path / "int8").exists() and not (tmp_path / "int8.partial").exists()
+    assert [path.name for path in tmp_path.iterdir()] == ["float"]  # nor a staging folder
     (tmp_path / "half").mkdir()
     with pytest.raises(FileExistsError, match="not a complete model"):
         int8.quantize_checkpoint(folder, tmp_path / "half")

@@ -4,7 +4,6 @@ import pytest
 
 from lora_serving import dtype_choice
 from lora_serving.errors import ConfigError
-from lora_serving.launcher import TritonServer
 
 SAPPHIRE_RAPIDS = frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"})
 SKYLAKE = frozenset({"avx2", "avx512f", "avx512bw"})
@@ -42,17 +41,3 @@ def test_override_only_when_the_run_sets_one():
     }
     with pytest.raises(ConfigError, match="LORA_SERVING_DTYPE='half': use one of"):
         dtype_choice.override({"LORA_SERVING_DTYPE": "half"}, "float32")
-
-
-def test_the_launcher_hands_the_choice_to_tritonserver(monkeypatch):
-    seen = {}
-
-    class Recorder:
-        def __init__(self, command, env, **kwargs):
-            seen.update(env)
-
-    monkeypatch.setattr("lora_serving.launcher.server_command", lambda *a: ["true"])
-    monkeypatch.setattr("lora_serving.launcher.subprocess.Popen", Recorder)
-    monkeypatch.setenv("LORA_SERVING_DTYPE", "bfloat16")
-    TritonServer("repo", dtype="float32")
-    assert seen["LORA_SERVING_DTYPE"] == "float32"

@@ -1,4 +1,5 @@
-"""What the launcher shows when a start hangs: the Python stacks of the processes it started."""
+"""What the launcher hands tritonserver (the run's dtype and weights), and what it shows when a
+start hangs: the Python stacks of the processes it started."""
 
 import subprocess
 import sys
@@ -6,8 +7,37 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 from lora_serving.launcher import TritonServer
+
+
+@pytest.mark.parametrize(
+    "option, variable, value, callers",
+    [
+        ("dtype", "LORA_SERVING_DTYPE", "float32", "bfloat16"),
+        ("weights", "LORA_SERVING_WEIGHTS", "int8", "float"),
+    ],
+)
+def test_the_launcher_hands_the_runs_choice_to_tritonserver(
+    monkeypatch, option, variable, value, callers
+):
+    seen = {}
+
+    class Recorder:
+        def __init__(self, command, env, **kwargs):
+            seen.update(env)
+
+    monkeypatch.setattr("lora_serving.launcher.server_command", lambda *a: ["true"])
+    monkeypatch.setattr("lora_serving.launcher.subprocess.Popen", Recorder)
+    monkeypatch.setenv(variable, callers)
+    TritonServer("repo", **{option: value})
+    assert seen[variable] == value  # the option wins over the caller's environment
+    seen.clear()
+    monkeypatch.delenv(variable)
+    TritonServer("repo")
+    assert variable not in seen
+
 
 CHILD = textwrap.dedent(
     """

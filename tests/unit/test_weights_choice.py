@@ -8,7 +8,6 @@ import torch
 
 from lora_serving import weights_choice
 from lora_serving.errors import ConfigError
-from lora_serving.launcher import TritonServer
 from lora_serving.settings import EngineSettings
 from lora_serving.vllm_plugin import cpu_int8_lora
 
@@ -47,23 +46,6 @@ def test_bad_choices_and_missing_int8_models_are_config_errors(tmp_path):
         weights_choice.override({"LORA_SERVING_WEIGHTS": "int4"}, None)
     with pytest.raises(ConfigError, match="holds no model"):
         weights_choice.override({"LORA_SERVING_WEIGHTS": "int8"}, tmp_path / "absent")
-
-
-def test_the_launcher_hands_the_choice_to_tritonserver(monkeypatch):
-    seen = {}
-
-    class Recorder:
-        def __init__(self, command, env, **kwargs):
-            seen.update(env)
-
-    monkeypatch.setattr("lora_serving.launcher.server_command", lambda *a: ["true"])
-    monkeypatch.setattr("lora_serving.launcher.subprocess.Popen", Recorder)
-    monkeypatch.delenv("LORA_SERVING_WEIGHTS", raising=False)
-    TritonServer("repo", weights="int8")
-    assert seen["LORA_SERVING_WEIGHTS"] == "int8"
-    seen.clear()
-    TritonServer("repo")
-    assert "LORA_SERVING_WEIGHTS" not in seen
 
 
 class Int8Layer(torch.nn.Module):

@@ -16,7 +16,10 @@ names (Whisper's); the demo build writes whisper-base-int8/ from whisper-base/.
 import json
 import re
 import shutil
+import tempfile
 from pathlib import Path
+
+from lora_serving.demo.folders import is_complete, publish
 
 # Whisper's linear layers in its encoder and decoder blocks (attention projections and MLP).
 WHISPER_LINEAR = re.compile(
@@ -25,6 +28,7 @@ WHISPER_LINEAR = re.compile(
 )
 INT8_MAX = 127
 WEIGHTS_FILE = "model.safetensors"
+REQUIRED_FILES = (WEIGHTS_FILE, "config.json")
 
 
 def quantize_rows(weight):
@@ -67,10 +71,9 @@ def quantization_config(ignore: list[str]) -> dict:
 
 
 def _is_complete(directory: Path) -> bool:
-    config = directory / "config.json"
-    if not ((directory / WEIGHTS_FILE).is_file() and config.is_file()):
+    if not is_complete(directory, REQUIRED_FILES):
         return False
-    return "quantization_config" in json.loads(config.read_text())
+    return "quantization_config" in json.loads((directory / "config.json").read_text())
 
 
 def quantize_checkpoint(
@@ -79,23 +82,22 @@ def quantize_checkpoint(
     """Write `source` with int8 weights for every tensor whose name `targets` matches fully.
 
     `ignore`: linear layers vLLM must leave in float (a Whisper's output projection, tied to its
-    token embedding). Skipped if out_dir is already complete; built beside it and renamed into
-    place, so an interrupted run leaves nothing that looks finished.
+    token embedding). Skipped if out_dir is already complete; written in a staging folder
+    beside it and moved into place (lora_serving.demo.folders).
     """
     source, out_dir = Path(source).absolute(), Path(out_dir).absolute()
     if _is_complete(out_dir):
         return out_dir
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists but is not a complete model; remove it first")
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         _write_quantized(source, staging, targets, ignore)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    staging.rename(out_dir)
+    publish(staging, out_dir, REQUIRED_FILES)
     return out_dir
 
 

@@ -8,9 +8,7 @@ CPU attention accepts, so an engine starts quickly.
 
 import base64
 import json
-import os
 import re
-import shutil
 import tempfile
 import zlib
 from collections.abc import Sequence
@@ -40,6 +38,8 @@ from transformers import (
     Qwen2VLImageProcessor,
     Qwen2VLVideoProcessor,
 )
+
+from lora_serving.demo.folders import is_complete, publish
 
 QwenVLVariant = Literal["qwen2_vl", "qwen2_5_vl"]
 
@@ -363,27 +363,10 @@ def _save_generation_config(out_dir: Path) -> None:
     ).save_pretrained(out_dir)
 
 
-def _is_complete(directory: Path, required: Sequence[str]) -> bool:
-    return all((directory / name).is_file() for name in required)
-
-
-def _publish(staging_dir: Path, out_dir: Path, required: Sequence[str]) -> None:
-    """Move a fully written staging folder into place; if another process won, keep theirs."""
-    staging_dir.chmod(0o755)  # mkdtemp makes it private; other workers read these files
-    for path in staging_dir.iterdir():
-        path.chmod(0o644)
-    try:
-        os.rename(staging_dir, out_dir)
-    except OSError:
-        shutil.rmtree(staging_dir)
-        if not _is_complete(out_dir, required):
-            raise FileExistsError(f"{out_dir} exists but is incomplete; remove it") from None
-
-
 def build_qwen_vl_model(out_dir: Path, variant: QwenVLVariant, seed: int = 0) -> Path:
     """Build (once) a tiny random-init float32 Qwen-VL model with real tokenizer and processors."""
     out_dir = Path(out_dir)
-    if _is_complete(out_dir, MODEL_FILES):
+    if is_complete(out_dir, MODEL_FILES):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -394,7 +377,7 @@ def build_qwen_vl_model(out_dir: Path, variant: QwenVLVariant, seed: int = 0) ->
     _save_generation_config(staging_dir)
     build_qwen_tokenizer(staging_dir)
     _save_processors(staging_dir)
-    _publish(staging_dir, out_dir, MODEL_FILES)
+    publish(staging_dir, out_dir, MODEL_FILES)
     return out_dir
 
 
@@ -459,7 +442,7 @@ def make_qwen_vl_adapters(
     for name in names:
         adapter_dir = out_root / name
         adapter_dirs.append(adapter_dir)
-        if _is_complete(adapter_dir, ADAPTER_FILES):
+        if is_complete(adapter_dir, ADAPTER_FILES):
             continue
         out_root.mkdir(parents=True, exist_ok=True)
         staging_dir = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_root))
@@ -475,5 +458,5 @@ def make_qwen_vl_adapters(
             base_model_name_or_path=str(base_dir.resolve()),
         )
         config.save_pretrained(staging_dir)
-        _publish(staging_dir, adapter_dir, ADAPTER_FILES)
+        publish(staging_dir, adapter_dir, ADAPTER_FILES)
     return adapter_dirs

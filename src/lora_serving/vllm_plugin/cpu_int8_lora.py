@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-LORA_LAYER_MODULES = ("vllm.lora.layers.base_linear",)
+LORA_LAYERS_MODULE = "vllm.lora.layers.base_linear"  # imports _get_lora_device by name
 
 _ORIGINAL: dict[str, Any] = {}
 
@@ -31,15 +31,12 @@ def lora_device(base_layer: torch.nn.Module) -> torch.device:
 
 def apply() -> bool:
     """Route the LoRA wrappers' device lookup through `lora_device`; True if this call did."""
-    applied = False
-    for name in LORA_LAYER_MODULES:
-        module = importlib.import_module(name)
-        current = getattr(module, "_get_lora_device", None)
-        if current is None:
-            raise RuntimeError(f"{name}._get_lora_device is gone: re-check cpu_int8_lora")
-        if current is lora_device:
-            continue
-        _ORIGINAL.setdefault("device", current)
-        module._get_lora_device = lora_device
-        applied = True
-    return applied
+    module = importlib.import_module(LORA_LAYERS_MODULE)
+    current = getattr(module, "_get_lora_device", None)
+    if current is None:
+        raise RuntimeError(f"{LORA_LAYERS_MODULE}._get_lora_device is gone: re-check cpu_int8_lora")
+    if current is lora_device:
+        return False
+    _ORIGINAL["device"] = current
+    module._get_lora_device = lora_device
+    return True
