@@ -16,7 +16,7 @@ def patched(monkeypatch):
     saved = dict(attention._ORIGINAL)
     if saved_function is attention._apply_sdpa:  # an earlier register() applied it already
         vit_attn_wrappers.apply_sdpa = saved["apply_sdpa"]
-    monkeypatch.delenv(attention.ENV, raising=False)
+    monkeypatch.setenv(attention.ENV, "1")  # on whatever this CPU is
     attention._ORIGINAL.clear()
     assert attention.apply()
     assert not attention.apply()  # applied once
@@ -102,3 +102,23 @@ def test_turned_off_by_environment(monkeypatch):
     monkeypatch.setenv(attention.ENV, "0")
     assert not attention.apply()
     assert vit_attn_wrappers.apply_sdpa is saved_function
+
+
+@pytest.mark.parametrize(
+    "setting, amx, expected",
+    [
+        (None, False, True),  # auto: blocked where PyTorch's bf16 kernel runs in float32 ...
+        (None, True, False),  # ... and PyTorch's kernel where it has AMX tiles
+        ("auto", True, False),
+        ("1", True, True),
+        ("0", False, False),
+        ("off", False, False),
+    ],
+)
+def test_auto_leaves_amx_cpus_to_pytorch(monkeypatch, setting, amx, expected):
+    if setting is None:
+        monkeypatch.delenv(attention.ENV, raising=False)
+    else:
+        monkeypatch.setenv(attention.ENV, setting)
+    monkeypatch.setattr(attention, "amx_available", lambda: amx)
+    assert attention.enabled() is expected

@@ -93,7 +93,10 @@ class BenchConfig:
     source_repository: Path = REPO_ROOT / "model_repository"
     mixed_adapters: int = 4  # P2: this many adapters round-robin
     many_adapters: int = 32  # P3: this many adapters round-robin ...
-    max_loras: int = 4  # ... through this many engine slots ...
+    # ... through this many engine slots: qwen_vl's main concurrency, as a server sizes its
+    # slots to the requests it runs at once (with fewer slots than requests in flight, P3
+    # measures the slot limit, not adapter swapping) ...
+    max_loras: int = 8
     max_cpu_loras: int = 32  # ... and this many cached in memory
     adapter_seed: int = 2024
     whisper_adapter_targets: str = "decoder"  # "decoder" or "all" (encoder, cross-attn k/v too)

@@ -3,6 +3,8 @@
 - cpu_no_lora_index (defect 1, CPU only): a request without an adapter gets zero LoRA delta.
 - cpu_int8_lora (CPU only): LoRA layers wrap int8 (W8A8) base layers, whose weight vLLM's
   oneDNN kernel holds itself.
+- cpu_int8_amx (CPU with AMX only): int8 layers serve float32 models, and (batch, seq, hidden)
+  inputs, as they do without AMX.
 - cpu_encoder_attention (not a defect, CPU only): encoder attention at bf16/fp16 runs in
   bf16 GEMMs (PyTorch's CPU flash kernel computes it in float32 without AMX).
 - cpu_no_spin (not a defect, CPU only): vLLM's processes wait for each other's messages asleep
@@ -84,6 +86,12 @@ def register() -> None:
 
         if cpu_int8_lora.apply():
             applied.append("cpu_int8_lora (LoRA layers wrap int8 base layers)")
+        from . import cpu_int8_amx
+
+        if cpu_int8_amx.apply():
+            applied.append(
+                "cpu_int8_amx (int8 layers on AMX: float32 models on oneDNN, inputs of any rank)"
+            )
         from . import cpu_encoder_attention
 
         if cpu_encoder_attention.apply():
