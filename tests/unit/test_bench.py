@@ -447,3 +447,31 @@ def test_plots_are_written(tmp_path):
     for name in ("throughput_vs_concurrency", "latency_percentiles", "ratios_vs_goals"):
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
     assert Path(path).parent == tmp_path
+
+
+CPUINFO = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Processor
+flags\t\t: fpu sse avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Processor
+flags\t\t: fpu sse avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
+"""
+
+
+def test_report_names_the_cpu_and_its_bf16_int8_features():
+    from lora_serving.bench.run import cpu_facts
+
+    facts = cpu_facts(CPUINFO)
+    assert facts == {
+        "cpu_model": "Intel(R) Xeon(R) Processor",
+        "cpu_flags": ["amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni"],
+    }
+    no_amx = cpu_facts("model name\t: AMD EPYC 9R14\nflags\t\t: fpu avx512_bf16 avx512_vnni\n")
+    assert no_amx["cpu_flags"] == ["avx512_bf16", "avx512_vnni"]
+    config = BenchConfig()
+    text = render_markdown({"models": {}, "machine": {"cpus": 2, **facts}}, config, [])
+    assert (
+        "2 CPUs (Intel(R) Xeon(R) Processor; amx_bf16, amx_int8, avx512_bf16, avx512_vnni)" in text
+    )
+    plain = render_markdown({"models": {}, "machine": {"cpus": 2}}, config, [])
+    assert "2 CPUs, " in plain

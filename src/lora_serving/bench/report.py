@@ -265,8 +265,11 @@ def render_markdown(results: dict, config: BenchConfig, plots: list[str]) -> str
     machine = results.get("machine", {})
     total = results.get("total_s", math.nan)
     out = ["# Benchmark report", ""]
+    cpu = machine.get("cpu_model")
+    if cpu:
+        cpu = f" ({cpu}; {', '.join(machine.get('cpu_flags', [])) or 'no AMX / AVX-512 BF16'})"
     out.append(
-        f"Run {results.get('started', '?')}: {machine.get('cpus', '?')} CPUs, "
+        f"Run {results.get('started', '?')}: {machine.get('cpus', '?')} CPUs{cpu or ''}, "
         f"{machine.get('memory_gib', '?')} GiB ({machine.get('available_gib_at_start', '?')} "
         f"available at start), total {_fmt(total / 60, 1)} min, "
         f"{config.repeats} rounds per figure; every number is the median over rounds."

@@ -613,7 +613,30 @@ def machine_facts() -> dict:
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
         "platform": platform.platform(),
         "python": sys.version.split()[0],
+        **cpu_facts(),
     }
+
+
+# The CPU features that decide which kernels serve bf16 and int8 (AMX or not, AVX-512 BF16/VNNI).
+CPU_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni")
+
+
+def cpu_facts(cpuinfo: str | None = None) -> dict:
+    """The CPU's model name and which of CPU_FLAGS it has (Linux /proc/cpuinfo; empty elsewhere):
+    this project's machines differ from run to run, and the figures with them."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return {}
+    model, flags = "", set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not model:
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    return {"cpu_model": model, "cpu_flags": [flag for flag in CPU_FLAGS if flag in flags]}
 
 
 def _interrupt(*_):
