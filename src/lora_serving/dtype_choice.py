@@ -21,17 +21,25 @@ CHOICES = ("float32", "bfloat16", "auto")
 BF16_CPU_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The first processor's feature flags (empty where /proc/cpuinfo has none)."""
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpuinfo_field(name: str, cpuinfo: Path = CPUINFO) -> str:
+    """The first processor's `name` line in /proc/cpuinfo ("" where there is none)."""
     try:
         text = cpuinfo.read_text()
     except OSError:
-        return frozenset()
+        return ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()
+        if key.strip() == name:
+            return value.strip()
+    return ""
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str]:
+    """The first processor's feature flags (empty where /proc/cpuinfo has none)."""
+    return frozenset(cpuinfo_field("flags", cpuinfo).split())
 
 
 def resolve(choice: str, *, on_cpu: bool, flags: frozenset[str], configured: str | None) -> str:

@@ -458,16 +458,20 @@ flags\t\t: fpu sse avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
 """
 
 
-def test_report_names_the_cpu_and_its_bf16_int8_features():
+def test_report_names_the_cpu_and_its_bf16_int8_features(tmp_path):
     from lora_serving.bench.run import cpu_facts
 
-    facts = cpu_facts(CPUINFO)
+    xeon, epyc = tmp_path / "xeon", tmp_path / "epyc"
+    xeon.write_text(CPUINFO)
+    epyc.write_text("model name\t: AMD EPYC 9R14\nflags\t\t: fpu avx512_bf16 avx512_vnni\n")
+    facts = cpu_facts(xeon)
     assert facts == {
         "cpu_model": "Intel(R) Xeon(R) Processor",
         "cpu_flags": ["amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni"],
     }
-    no_amx = cpu_facts("model name\t: AMD EPYC 9R14\nflags\t\t: fpu avx512_bf16 avx512_vnni\n")
+    no_amx = cpu_facts(epyc)
     assert no_amx["cpu_flags"] == ["avx512_bf16", "avx512_vnni"]
+    assert cpu_facts(tmp_path / "missing") == {}
     config = BenchConfig()
     text = render_markdown({"models": {}, "machine": {"cpus": 2, **facts}}, config, [])
     assert (

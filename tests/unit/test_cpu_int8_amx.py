@@ -5,7 +5,7 @@ import pytest
 import torch
 from vllm.model_executor.kernels.linear.scaled_mm import cpu as scaled_mm_cpu
 
-from lora_serving.vllm_plugin import cpu_int8_amx as amx_inputs
+from lora_serving.vllm_plugin import cpu_int8_amx as int8_amx
 
 
 @pytest.fixture
@@ -21,14 +21,14 @@ def two_d_only_kernel(monkeypatch):
         out = x @ layer.weight.T
         return out if bias is None else out + bias
 
-    monkeypatch.setitem(amx_inputs._ORIGINAL, "sgl", sgl)
+    monkeypatch.setitem(int8_amx._ORIGINAL, "sgl", sgl)
     return calls
 
 
 def test_three_d_inputs_go_in_as_rows_and_come_back_in_shape(two_d_only_kernel):
     layer = torch.nn.Linear(6, 4)
     x = torch.randn(2, 5, 6)
-    out = amx_inputs._apply_weights_sgl(None, layer, x, layer.bias)
+    out = int8_amx._apply_weights_sgl(None, layer, x, layer.bias)
     assert two_d_only_kernel == [(10, 6)]
     assert out.shape == (2, 5, 4)
     assert torch.allclose(out, layer(x), atol=1e-6)
@@ -37,7 +37,7 @@ def test_three_d_inputs_go_in_as_rows_and_come_back_in_shape(two_d_only_kernel):
 def test_matrices_pass_through(two_d_only_kernel):
     layer = torch.nn.Linear(6, 4, bias=False)
     x = torch.randn(3, 6)
-    assert torch.equal(amx_inputs._apply_weights_sgl(None, layer, x), x @ layer.weight.T)
+    assert torch.equal(int8_amx._apply_weights_sgl(None, layer, x), x @ layer.weight.T)
     assert two_d_only_kernel == [(3, 6)]
 
 
@@ -66,12 +66,12 @@ class PathRecorder:
 def test_float32_models_take_the_onednn_path(monkeypatch, model_dtype, path):
     kernel = PathRecorder()
     monkeypatch.setitem(
-        amx_inputs._ORIGINAL, "process", lambda self, layer: self.paths.append("vllm's choice")
+        int8_amx._ORIGINAL, "process", lambda self, layer: self.paths.append("vllm's choice")
     )
     saved = torch.get_default_dtype()
     torch.set_default_dtype(model_dtype)  # as vLLM's loader sets it while loading a model
     try:
-        amx_inputs.process_weights_after_loading(kernel, torch.nn.Linear(2, 2))
+        int8_amx.process_weights_after_loading(kernel, torch.nn.Linear(2, 2))
     finally:
         torch.set_default_dtype(saved)
     assert kernel.paths == [path]
@@ -81,18 +81,18 @@ def test_float32_models_take_the_onednn_path(monkeypatch, model_dtype, path):
 
 def test_apply_patches_vllms_kernel_once(monkeypatch):
     kernel = scaled_mm_cpu.CPUInt8ScaledMMLinearKernel
-    saved = dict(amx_inputs._ORIGINAL)
+    saved = dict(int8_amx._ORIGINAL)
     originals = {}
-    for name, (key, patch) in amx_inputs.PATCHES.items():
+    for name, (key, patch) in int8_amx.PATCHES.items():
         current = getattr(kernel, name)
         originals[name] = saved[key] if current is patch else current  # register() ran before
         monkeypatch.setattr(kernel, name, originals[name])
     try:
-        assert amx_inputs.apply()
-        assert not amx_inputs.apply()
-        for name, (key, patch) in amx_inputs.PATCHES.items():
+        assert int8_amx.apply()
+        assert not int8_amx.apply()
+        for name, (key, patch) in int8_amx.PATCHES.items():
             assert getattr(kernel, name) is patch
-            assert amx_inputs._ORIGINAL[key] is originals[name]
+            assert int8_amx._ORIGINAL[key] is originals[name]
     finally:
-        amx_inputs._ORIGINAL.clear()
-        amx_inputs._ORIGINAL.update(saved)
+        int8_amx._ORIGINAL.clear()
+        int8_amx._ORIGINAL.update(saved)

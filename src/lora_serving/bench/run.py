@@ -51,6 +51,7 @@ from lora_serving.bench.processes import Isolation, engine_processes, free_port,
 from lora_serving.bench.report import UNSTREAMED
 from lora_serving.bench.repository import BenchModel, build
 from lora_serving.bench.stats import summarize
+from lora_serving.dtype_choice import CPUINFO, cpu_flags, cpuinfo_field
 from lora_serving.launcher import TritonServer
 
 
@@ -621,21 +622,13 @@ def machine_facts() -> dict:
 CPU_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni")
 
 
-def cpu_facts(cpuinfo: str | None = None) -> dict:
-    """The CPU's model name and which of CPU_FLAGS it has (Linux /proc/cpuinfo; empty elsewhere):
+def cpu_facts(cpuinfo: Path = CPUINFO) -> dict:
+    """The CPU's model name and which of CPU_FLAGS it has (empty where /proc/cpuinfo is not):
     this project's machines differ from run to run, and the figures with them."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return {}
-    model, flags = "", set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and not model:
-            model = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = set(value.split())
+    model = cpuinfo_field("model name", cpuinfo)
+    if not model:
+        return {}
+    flags = cpu_flags(cpuinfo)
     return {"cpu_model": model, "cpu_flags": [flag for flag in CPU_FLAGS if flag in flags]}
 
 
