@@ -5,6 +5,8 @@
   oneDNN kernel holds itself.
 - cpu_int8_amx (CPU with AMX only): int8 layers serve float32 models, and (batch, seq, hidden)
   inputs, as they do without AMX.
+- cpu_int8_no_vnni (x86 CPU without VNNI only): int8 layers give the right product (oneDNN's
+  int8 GEMM saturates there); their weights are dequantized to the model's float type.
 - cpu_encoder_attention (not a defect, CPU only): encoder attention at bf16/fp16 runs in
   bf16 GEMMs (PyTorch's CPU flash kernel computes it in float32 without AMX).
 - cpu_no_spin (not a defect, CPU only): vLLM's processes wait for each other's messages asleep
@@ -91,6 +93,13 @@ def register() -> None:
         if cpu_int8_amx.apply():
             applied.append(
                 "cpu_int8_amx (int8 layers on AMX: float32 models on oneDNN, inputs of any rank)"
+            )
+        from . import cpu_int8_no_vnni
+
+        if cpu_int8_no_vnni.apply():
+            applied.append(
+                "cpu_int8_no_vnni (no VNNI: int8 layers run float GEMMs over their dequantized "
+                "weights; oneDNN's int8 GEMM saturates in int16 there)"
             )
         from . import cpu_encoder_attention
 
