@@ -29,7 +29,13 @@ from lora_serving.errors import InvalidRequest
 from lora_serving.jobs import FINAL_ONLY, GenerationChunk, GenerationJob, RequestPlan, Stream
 from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
-from lora_serving.tasks import additional_outputs, whisper_options, whisper_timestamps, whisper_vad
+from lora_serving.tasks import (
+    additional_outputs,
+    whisper_options,
+    whisper_timestamps,
+    whisper_tokenizer_check,
+    whisper_vad,
+)
 from lora_serving.tasks.base import RowReader
 from lora_serving.tasks.whisper_beam import FASTER_WHISPER, BeamOptions, beam_search
 from lora_serving.tasks.whisper_logits import EXTRA_ARG, PROCESSOR, DecodingRules
@@ -65,6 +71,8 @@ class TranscriptionTask:
     output_names = ("text_output", "language", "segments", *additional_outputs.NAMES)
 
     def __init__(self, settings: EngineSettings, catalog: AdapterCatalog, tokenizer):
+        # A tokenizer that encodes otherwise than openai-whisper's refuses the model.
+        whisper_tokenizer_check.check(tokenizer, settings.engine_args["model"])
         self.tokenizer = tokenizer
         self.max_model_len = int(settings.engine_args.get("max_model_len") or 448)
         vocab_size = len(tokenizer)
