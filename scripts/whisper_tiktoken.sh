@@ -3,6 +3,7 @@
 # tests/unit/test_whisper_tokenizer.py judges the served tokenizers by:
 #   scripts/whisper_tiktoken.sh script.py ARGS...   runs a script with that environment's python,
 #                                                   WHISPER_ASSETS = the folder of the .tiktoken files
+#                                                   and of openai-whisper's tokenizer.py (as text)
 #   scripts/whisper_tiktoken.sh --install-only
 # The lock requirements/whisper-tiktoken.txt is installed on first use into
 # ${LORA_SERVING_CACHE:-~/.cache/lora-serving}/whisper-tiktoken, never into .venv. The assets come
@@ -18,7 +19,7 @@ SDIST=openai_whisper-20250625.tar.gz
 SDIST_SHA256=37a91a3921809d9f44748ffc73c0a55c9f366c85a3ef5c2ae0cc09540432eb96
 ASSETS=$ENV_DIR/assets
 
-if [[ ! -f "$ASSETS/multilingual.tiktoken" || ! -f "$ASSETS/gpt2.tiktoken" ]]; then
+if [[ ! -f "$ASSETS/multilingual.tiktoken" || ! -f "$ASSETS/tokenizer.py" ]]; then
   cache=${LORA_SERVING_CACHE:-$HOME/.cache/lora-serving}/wheels
   mkdir -p "$cache"
   if [[ ! -f "$cache/$SDIST" ]]; then
@@ -31,9 +32,11 @@ if [[ ! -f "$ASSETS/multilingual.tiktoken" || ! -f "$ASSETS/gpt2.tiktoken" ]]; t
   fi
   echo "$SDIST_SHA256  $cache/$SDIST" | sha256sum --check --quiet
   tmp=$(mktemp -d)
-  tar -xzf "$cache/$SDIST" -C "$tmp" --wildcards '*/whisper/assets/*.tiktoken'
+  tar -xzf "$cache/$SDIST" -C "$tmp" --wildcards '*/whisper/assets/*.tiktoken' \
+    '*/whisper/tokenizer.py'
   mkdir -p "$ASSETS"
-  cp "$tmp"/openai_whisper-20250625/whisper/assets/{multilingual,gpt2}.tiktoken "$ASSETS/"
+  cp "$tmp"/openai_whisper-20250625/whisper/assets/{multilingual,gpt2}.tiktoken \
+    "$tmp"/openai_whisper-20250625/whisper/tokenizer.py "$ASSETS/"
   rm -rf "$tmp"
 fi
 
