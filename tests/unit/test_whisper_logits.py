@@ -217,7 +217,7 @@ def test_rules_equal_transformers_processors_on_random_logits():
     without = DecodingRules(SUPPRESS, AT_BEGIN)
     processors = transformers_processors()
     language_kept = 0
-    for _ in range(400):
+    for _ in range(200):
         history, logits = random_history(rng), random_logits(rng)
         input_ids = torch.tensor([PROMPT + history])
         expected = logits[None].clone()
@@ -230,4 +230,4 @@ def test_rules_equal_transformers_processors_on_random_logits():
             plain = processor(input_ids, plain)
         assert torch.equal(without(list(history), logits.clone()), plain[0]), history
         language_kept += bool(torch.isfinite(got[EN : EN + 99]).any())
-    assert language_kept > 50  # language tokens stay possible, as in the references
+    assert language_kept > 25  # language tokens stay possible, as in the references
