@@ -15,7 +15,7 @@ DTYPE ?= auto
 WEIGHTS ?= float
 
 .PHONY: setup serve test test-unit lint lint-deploy lock lock-gpu lock-lint lock-genai-perf image \
-	lock-openai-sdk clean-models \
+	lock-openai-sdk lock-whisper-tiktoken clean-models \
 	gpu-venv gpu-check
 
 # Idempotent: a finished step takes a second or two, so the other targets always run it.
@@ -80,6 +80,12 @@ lock-genai-perf: setup
 lock-openai-sdk: setup
 	@$(VENV)/bin/uv pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 		requirements/openai-sdk.in -o requirements/openai-sdk.txt
+
+# openai-whisper's tokenizer, the reference of tests/unit/test_whisper_tokenizer.py
+# (scripts/whisper_tiktoken.sh).
+lock-whisper-tiktoken: setup
+	@$(VENV)/bin/uv pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+		requirements/whisper-tiktoken.in -o requirements/whisper-tiktoken.txt
 
 clean-models:
 	rm -rf demo_models

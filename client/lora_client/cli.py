@@ -179,7 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     transcribe = commands.add_parser("transcribe", help="speech file(s) -> text (whisper_lora)")
     transcribe.add_argument("files", nargs="+", type=Path)
-    transcribe.add_argument("--language", help="ISO 639-1 code; default: detect")
+    transcribe.add_argument(
+        "--language",
+        help="any language the model has, by code or name (de, german, yue, cantonese, jw, "
+        "javanese, ...: openai-whisper's); default: detect",
+    )
     transcribe.add_argument("--task", choices=["transcribe", "translate"])
     transcribe.add_argument("--timestamps", action="store_true", help="also print segments")
     transcribe.add_argument("--prompt", help="previous text (context for the first words)")

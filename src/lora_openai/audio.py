@@ -37,7 +37,10 @@ _OPENAI_FIELDS = {
     "chunking_strategy",  # whisper_lora always decodes in 30 s windows
 }
 
-# Whisper's languages (code -> the name OpenAI's verbose_json gives as `language`).
+# Whisper's languages (code -> the name OpenAI's verbose_json gives as `language`): openai-whisper's
+# table, as lora_serving.tasks.whisper_languages has it (a unit test keeps them equal; the front
+# never imports the serving core). A request's `language` goes to whisper_lora as given: the model
+# takes any of its languages by code or by name ("de", "german", "cantonese").
 LANGUAGES = {
     "en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ru": "russian",
     "ko": "korean", "fr": "french", "ja": "japanese", "pt": "portuguese", "tr": "turkish",

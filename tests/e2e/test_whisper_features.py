@@ -106,6 +106,29 @@ def test_rows_of_one_request_take_their_own_adapter(grpc_url, clip, demo_models,
         assert text == tokenizer.decode(tokens, skip_special_tokens=True).strip(), name
 
 
+def test_every_language_of_the_model_by_code_or_name_equals_the_reference(
+    grpc_url, clip, demo_models, tokenizer
+):
+    """whisper-base's <|haw|>, <|jw|>, <|su|> (not in vLLM's ISO 639-1 list) by code and by
+    openai-whisper's names, in one batch, each decoded as the reference decodes its prompt; a
+    language the model lacks is refused, naming only the model's own."""
+    as_reference = sampling(max_tokens=40, temperature=0, no_speech_threshold=None)
+    audio = {"audio_file": clip.read_bytes(), "sampling_parameters": as_reference}
+    requested = {"haw": "haw", "Hawaiian": "haw", "javanese": "jw", "su": "su"}
+    outcomes = grpc_many(grpc_url, MODEL, [({**audio, "language": r}, None) for r in requested])
+    for (name, code), outcome in zip(requested.items(), outcomes, strict=True):
+        assert outcome.error is None, outcome.error
+        assert outcome.outputs["language"] == [code], name
+        prompt = tokenizer.convert_tokens_to_ids(
+            ["<|startoftranscript|>", f"<|{code}|>", "<|transcribe|>", "<|notimestamps|>"]
+        )
+        tokens = reference_tokens(demo_models, None, clip, prompt, max_tokens=40)
+        assert outcome.text == tokenizer.decode(tokens, skip_special_tokens=True).strip(), name
+    refused = grpc_one(grpc_url, MODEL, {**audio, "language": "cantonese"})
+    assert "unknown language 'cantonese'; this model knows 99: af, am, ar," in refused.error
+    assert "yue" not in refused.error
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_streamed_text_adds_up_to_the_final_text(grpc_url, http_url, clip, protocol):
     """One temperature streams token by token; the default schedule (which may retry a window)

@@ -56,6 +56,21 @@ def test_transcription_form_maps_to_whisper_inputs():
     }
 
 
+def test_every_whisper_language_passes_through_by_code_or_name():
+    from lora_serving.tasks import whisper_languages
+
+    assert audio.LANGUAGES == whisper_languages.LANGUAGES  # the same 100, in the same order
+    for language in ("cantonese", "yue", "Javanese", "haw"):
+        request = audio.parse_form("transcribe", form(language=language), b"RIFF")
+        assert request.triton_fields()["language"] == language  # whisper_lora resolves it
+    for code, name in (("yue", "cantonese"), ("jw", "javanese"), ("haw", "hawaiian")):
+        outputs = {"text_output": "", "language": code, "segments": "[]"}
+        request = audio.SpeechRequest(
+            "transcribe", "whisper_lora", b"x", response_format="verbose_json"
+        )
+        assert audio.render(request, outputs)[1]["language"] == name
+
+
 @pytest.mark.parametrize(
     ("temperature", "sent"), [(None, None), ("0", None), ("0.0", None), ("0.4", 0.4)]
 )

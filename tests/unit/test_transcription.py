@@ -129,6 +129,16 @@ def test_previous_text_keeps_its_last_half_context_and_max_tokens_fits_the_rest(
     assert job_request(task, job)[1]["max_tokens"] == 448 - len(ids) - (not prompt_kept)
 
 
+@pytest.mark.parametrize(
+    "language, code, token",
+    [("Javanese", "jw", 50356), ("haw", "haw", 50352), ("german", "de", DE)],
+)
+def test_every_whisper_language_is_requested_by_code_or_name(task, language, code, token):
+    job = task.build_plan(request(audio=tone(2), language=language)).jobs[0]
+    assert job.context["language"] == code
+    assert decoder_ids(task, job) == [SOT, token, TRANSCRIBE, NO_TS]
+
+
 def test_language_absent_or_blank_is_detected_from_the_first_30_s(task):
     for raw in (request(audio=tone(2)), request(audio=tone(2), language=" ")):
         job = task.build_plan(raw).jobs[0]
@@ -146,6 +156,8 @@ def test_language_absent_or_blank_is_detected_from_the_first_30_s(task):
     assert prompt["decoder_prompt"]["prompt_token_ids"] == [SOT]
     assert len(prompt["encoder_prompt"]["multi_modal_data"]["audio"][0]) == 30 * 16000
     assert sampling["max_tokens"] == 1 and EN in sampling["allowed_token_ids"]
+    # Every language token the model has (openai-whisper's detect_language), not only ISO 639-1.
+    assert sorted(sampling["allowed_token_ids"]) == list(range(EN, EN + 99))
     assert job.context["language"] == "de"
     assert decoder_ids(task, job) == [SOT, DE, TRANSCRIBE, NO_TS]
 

@@ -29,8 +29,8 @@ def allowed(output_ids, logits=None) -> set[str]:
         kinds.add("text")
     if finite[EOT]:
         kinds.add("eot")
-    if finite[EOT + 1 : TS].any():
-        kinds.add("control")
+    if finite[EOT + 2 : EOT + 2 + 99].any():  # <|en|> ... <|su|>
+        kinds.add("language")
     if finite[TS:].any():
         kinds.add("timestamp")
     return kinds
@@ -44,13 +44,15 @@ def test_first_token_is_a_timestamp_within_the_first_second():
 @pytest.mark.parametrize(
     "output_ids, kinds",
     [
-        ([TS], {"text", "eot"}),  # a segment opened: its text follows
-        ([TS, TEXT], {"text", "eot", "timestamp"}),
-        ([TS, TEXT, TS + 150], {"eot", "timestamp"}),  # closed: open the next, or end
-        ([TS, TEXT, TS + 150, TS + 160], {"text", "eot"}),
+        ([TS], {"text", "eot", "language"}),  # a segment opened: its text follows
+        ([TS, TEXT], {"text", "eot", "timestamp", "language"}),
+        # closed: open the next, or end; "cannot be normal text" spares the control tokens
+        ([TS, TEXT, TS + 150], {"eot", "timestamp", "language"}),
+        ([TS, TEXT, TS + 150, TS + 160], {"text", "eot", "language"}),
     ],
 )
 def test_timestamps_come_in_pairs_around_text(output_ids, kinds):
+    """openai-whisper's rules exactly; language tokens are left to the model, as there."""
     assert allowed(output_ids) == kinds
 
 
@@ -71,8 +73,12 @@ def test_likelier_timestamps_than_any_text_token_force_a_timestamp():
     assert "text" in allowed([TS, TEXT], logits)
 
 
-def test_control_tokens_never_appear():
-    assert "control" not in allowed([TS, TEXT])
+def test_of_the_control_tokens_only_notimestamps_is_suppressed():
+    """As openai-whisper's ApplyTimestampRules and transformers' processor: the other control
+    tokens are the suppress_tokens list's (whisper_logits), language tokens nobody's."""
+    row = RULES([TS, TEXT], text_likely())
+    assert row[TS - 1] == -torch.inf  # <|notimestamps|>
+    assert torch.isfinite(row[EOT + 1 : TS - 1]).all()  # <|startoftranscript|>, <|de|>, ...
 
 
 def read(tokens):

@@ -150,3 +150,84 @@ def test_shipped_model_json_spells_out_the_decoding_defaults(repository):
     task = json.loads(path.read_text())["serving"]["task"]
     assert set(task["decoding"]) | {"vad_parameters"} == set(whisper_options.DEFAULTS)
     assert whisper_options.decoding_defaults(task, VOCAB, str(path)) == whisper_options.DEFAULTS
+
+
+# ---- the same rules as transformers' processors ------------------------------------------------
+SOT, EN, TRANSCRIBE, NO_TS = 50258, 50259, 50359, 50363
+PROMPT = [SOT, EN, TRANSCRIBE]
+# whisper-base's generation_config lists: non-speech symbols and the control tokens Whisper must
+# never emit (<|startoftranscript|>, <|translate|>, <|transcribe|>, <|startoflm|>, <|startofprev|>,
+# <|nospeech|>); begin: " " and <|endoftext|>.
+SUPPRESS = (1, 2, 7, 8, 9, 10, 14, 25, 26, 27, 28, 29, 31, 58, 59, 60, 61, 62, 63, 90, 91, 92, 93)
+SUPPRESS += (50258, 50358, 50359, 50360, 50361, 50362)
+AT_BEGIN = (BLANK, EOT)
+
+
+def transformers_processors():
+    """generate()'s processors for Whisper with timestamps, in its order (begin suppression,
+    suppression, timestamp rules; generation_whisper._retrieve_logit_processors)."""
+    from transformers import GenerationConfig
+    from transformers.generation.logits_process import (
+        SuppressTokensAtBeginLogitsProcessor,
+        SuppressTokensLogitsProcessor,
+        WhisperTimeStampLogitsProcessor,
+    )
+
+    config = GenerationConfig(
+        no_timestamps_token_id=NO_TS, eos_token_id=EOT, max_initial_timestamp_index=50
+    )
+    begin = len(PROMPT)
+    return [
+        SuppressTokensAtBeginLogitsProcessor(list(AT_BEGIN), begin),
+        SuppressTokensLogitsProcessor(list(SUPPRESS)),
+        WhisperTimeStampLogitsProcessor(config, begin_index=begin),
+    ]
+
+
+def random_history(rng: torch.Generator) -> list[int]:
+    """Up to 12 sampled tokens: text, timestamps (in order or not), end of text, languages."""
+    history, length = [], int(torch.randint(0, 12, (1,), generator=rng))
+    for _ in range(length):
+        kind = int(torch.randint(0, 10, (1,), generator=rng))
+        if kind < 5:
+            history.append(int(torch.randint(0, EOT, (1,), generator=rng)))
+        elif kind < 9:
+            history.append(TS + int(torch.randint(0, 1501, (1,), generator=rng)))
+        else:
+            history.append(int(torch.randint(EN, EN + 99, (1,), generator=rng)))
+    return history
+
+
+def random_logits(rng: torch.Generator) -> torch.Tensor:
+    logits = torch.randn(VOCAB, generator=rng) * 3
+    if torch.rand(1, generator=rng) < 0.5:  # timestamps likelier than any text token
+        logits[TS:] += 6
+    if torch.rand(1, generator=rng) < 0.3:  # a language token the likeliest
+        logits[int(torch.randint(EN, EN + 99, (1,), generator=rng))] = 40
+    return logits
+
+
+def test_rules_equal_transformers_processors_on_random_logits():
+    """Ours (one row in vLLM) and transformers' (a batch in generate()) on the same histories
+    and logits: the same logits after the rules, -inf for -inf; with and without timestamps.
+    openai-whisper's ApplyTimestampRules / SuppressTokens / SuppressBlank are the same rules
+    (transformers ported them)."""
+    rng = torch.Generator().manual_seed(0)
+    with_timestamps = DecodingRules(SUPPRESS, AT_BEGIN, TimestampRules(TS, EOT))
+    without = DecodingRules(SUPPRESS, AT_BEGIN)
+    processors = transformers_processors()
+    language_kept = 0
+    for _ in range(200):
+        history, logits = random_history(rng), random_logits(rng)
+        input_ids = torch.tensor([PROMPT + history])
+        expected = logits[None].clone()
+        for processor in processors:
+            expected = processor(input_ids, expected)
+        got = with_timestamps(list(history), logits.clone())
+        assert torch.equal(got, expected[0]), history
+        plain = logits[None].clone()
+        for processor in processors[:2]:
+            plain = processor(input_ids, plain)
+        assert torch.equal(without(list(history), logits.clone()), plain[0]), history
+        language_kept += bool(torch.isfinite(got[EN : EN + 99]).any())
+    assert language_kept > 25  # language tokens stay possible, as in the references

@@ -130,10 +130,12 @@ def speech_files(folder: Path, sentences: tuple[str, ...] = SENTENCES) -> tuple[
 
 
 def write_ct2_folder(folder: Path) -> Path:
-    """The installed CTranslate2 whisper-base as faster-whisper loads it (written once)."""
-    from lora_serving.demo.whisper import read_installed_whisper_base
+    """The installed CTranslate2 whisper-base as faster-whisper loads it (written once), with
+    the tokenizer.json we serve (every BPE merge: the packaged one lacks `Ġ t`)."""
+    from lora_serving.demo.whisper import mend_tokenizer, read_installed_whisper_base
 
     if (folder / "model.bin").is_file():
+        mend_tokenizer(folder)  # a folder written before the merges were rebuilt
         return folder
     model_bin, part1 = read_installed_whisper_base()
     partial = folder.with_name(folder.name + ".partial")
@@ -141,6 +143,7 @@ def write_ct2_folder(folder: Path) -> Path:
     (partial / "model.bin").write_bytes(model_bin)
     for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
         (partial / name).write_bytes((part1 / name).read_bytes())
+    mend_tokenizer(partial)
     partial.rename(folder)
     return folder
 

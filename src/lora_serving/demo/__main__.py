@@ -33,7 +33,10 @@ def build_all(root: Path) -> None:
         ),
         (
             "whisper-base-int8 (int8 linear layers)",
-            lambda: int8.quantize_checkpoint(root / "whisper-base", root / "whisper-base-int8"),
+            lambda: (
+                int8.quantize_checkpoint(root / "whisper-base", root / "whisper-base-int8"),
+                whisper.mend_tokenizer(root / "whisper-base-int8"),  # a copy made before the mend
+            ),
         ),
         (
             "whisper adapters (decoder)",

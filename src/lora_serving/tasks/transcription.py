@@ -3,7 +3,9 @@
 A row's audio is decoded in windows of at most 30 s (`whisper_windows`), each one engine request
 with the decoder prompt Whisper was trained on:
     [<|startofprev|> previous text] <|startoftranscript|> <|xx|> <|transcribe|> [<|notimestamps|>]
-Without `language`, Whisper's own detection picks <|xx|> from the first 30 s. With `timestamps`,
+`language` is any of the model's languages (whisper_languages: all 99 of whisper-base, by code or
+name); without it, Whisper's own detection picks <|xx|> among all of them from the first 30 s,
+as openai-whisper's `detect_language` does. With `timestamps`,
 <|notimestamps|> is left out and the engine applies Whisper's timestamp rules
 (`whisper_timestamps`), so the output carries segment times.
 
@@ -29,7 +31,14 @@ from lora_serving.errors import InvalidRequest
 from lora_serving.jobs import FINAL_ONLY, GenerationChunk, GenerationJob, RequestPlan, Stream
 from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
-from lora_serving.tasks import additional_outputs, whisper_options, whisper_timestamps, whisper_vad
+from lora_serving.tasks import (
+    additional_outputs,
+    whisper_languages,
+    whisper_options,
+    whisper_timestamps,
+    whisper_tokenizer_check,
+    whisper_vad,
+)
 from lora_serving.tasks.base import RowReader
 from lora_serving.tasks.whisper_beam import FASTER_WHISPER, BeamOptions, beam_search
 from lora_serving.tasks.whisper_logits import EXTRA_ARG, PROCESSOR, DecodingRules
@@ -65,6 +74,8 @@ class TranscriptionTask:
     output_names = ("text_output", "language", "segments", *additional_outputs.NAMES)
 
     def __init__(self, settings: EngineSettings, catalog: AdapterCatalog, tokenizer):
+        # A tokenizer that encodes otherwise than openai-whisper's refuses the model.
+        whisper_tokenizer_check.check(tokenizer, settings.engine_args["model"])
         self.tokenizer = tokenizer
         self.max_model_len = int(settings.engine_args.get("max_model_len") or 448)
         vocab_size = len(tokenizer)
@@ -89,7 +100,7 @@ class TranscriptionTask:
         )
         self.max_payload_bytes = settings.serving.max_payload_bytes
         self.speech_detector = whisper_vad.SpeechDetector()  # vad_filter: one per model instance
-        self.languages = _language_tokens(tokenizer)
+        self.languages = whisper_languages.model_languages(settings.engine_args["model"], tokenizer)
         self.no_space_languages = _no_space_languages()
         self.special = {
             name: tokenizer.convert_tokens_to_ids(f"<|{name}|>")
@@ -258,16 +269,11 @@ class TranscriptionTask:
             )
 
     def _language(self, raw: RawRequest, row: int) -> str | None:
+        """The row's language code ("de", "german" and "German" alike), None: detect it."""
         language = raw.string("language", row)
         if language is None or not language.strip():
             return None
-        language = language.strip().lower()
-        if language not in self.languages:
-            raise InvalidRequest(
-                f"unknown language '{language}'; use an ISO 639-1 code Whisper knows "
-                f"({', '.join(sorted(self.languages)[:12])}, ...) or leave it out to detect"
-            )
-        return language
+        return whisper_languages.resolve(language, self.languages)
 
     def _previous_ids(self, text: str) -> list[int]:
         """Previous text as tokens, its last half-context at most (as openai-whisper keeps)."""
@@ -481,21 +487,9 @@ def _encoder_lora_enabled(settings: EngineSettings) -> bool:
     )
 
 
-def _language_tokens(tokenizer) -> dict[str, int]:
-    """ISO 639-1 code -> its <|xx|> token id, for every code this tokenizer has."""
-    from vllm.model_executor.models.whisper import ISO639_1_SUPPORTED_LANGS
-
-    unknown = tokenizer.unk_token_id
-    found = {}
-    for code in ISO639_1_SUPPORTED_LANGS:
-        token_id = tokenizer.convert_tokens_to_ids(f"<|{code}|>")
-        if token_id is not None and token_id != unknown:
-            found[code] = token_id
-    return found
-
-
 def _no_space_languages() -> set[str]:
-    """Languages whose windows join without a space (vLLM's list: Chinese, Japanese)."""
+    """Languages whose windows join without a space: vLLM's list (Chinese, Japanese) and
+    Cantonese, which Whisper writes in Chinese characters too."""
     from vllm.model_executor.models.whisper import WhisperForConditionalGeneration
 
-    return set(WhisperForConditionalGeneration.no_space_languages)
+    return set(WhisperForConditionalGeneration.no_space_languages) | {"yue"}

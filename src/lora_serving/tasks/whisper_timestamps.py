@@ -18,9 +18,14 @@ MAX_INITIAL_TIMESTAMP_S = 1.0  # openai-whisper's default: speech starts within 
 
 @dataclass(frozen=True)
 class TimestampRules:
-    """openai-whisper's ApplyTimestampRules (+ no special tokens) for one request's logits row.
+    """openai-whisper's ApplyTimestampRules (= transformers' WhisperTimeStampLogitsProcessor)
+    for one request's logits row.
 
-    Output tokens start right after <|transcribe|>/<|translate|>: the first is a timestamp.
+    Output tokens start right after <|transcribe|>/<|translate|>: the first is a timestamp. Of
+    the control tokens only <|notimestamps|> is suppressed here, as in both references; the
+    others that Whisper must never emit (<|startoftranscript|>, <|translate|>, <|transcribe|>,
+    <|startofprev|>, <|startoflm|>, <|nospeech|>) are in the suppress_tokens list applied before
+    (whisper_logits); language tokens are not suppressed at all.
     """
 
     timestamp_begin: int  # id of <|0.00|>; every id from here on is a timestamp
@@ -29,7 +34,7 @@ class TimestampRules:
 
     def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
         first_timestamp = self.timestamp_begin
-        logits[self.eot + 1 : first_timestamp] = -math.inf  # <|startoftranscript|>, languages, ...
+        logits[first_timestamp - 1] = -math.inf  # <|notimestamps|>, the id before <|0.00|>
         if not output_ids:
             logits[:first_timestamp] = -math.inf
             logits[first_timestamp + self.max_initial_timestamp_index + 1 :] = -math.inf
