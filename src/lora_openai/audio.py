@@ -12,7 +12,6 @@ temperature until certain thresholds are hit", which is whisper_lora's default s
 = that schedule; a value above 0 = that one temperature, no fallback.
 """
 
-import io
 import json
 from dataclasses import dataclass, field
 
@@ -189,14 +188,15 @@ def parse_form(task: str, form: list[tuple[str, object]], audio: bytes | None) -
 
 # ---- responses ---------------------------------------------------------------------------------
 def audio_duration(audio: bytes) -> float | None:
-    """Seconds of an audio file from its header (soundfile), None when it cannot tell."""
-    try:
-        import soundfile
+    """Seconds of an audio file as its container states them (FFmpeg's header probe, the one
+    whisper_lora's decoder uses; nothing decoded), None when it does not say."""
+    from lora_media.audio_file import AudioFileError, probe_audio_file
 
-        info = soundfile.info(io.BytesIO(audio))
-        return round(info.frames / info.samplerate, 3) if info.samplerate else None
-    except Exception:
+    try:
+        stated = probe_audio_file(audio, name="file").duration_s
+    except AudioFileError:
         return None
+    return round(stated, 3) if stated is not None else None
 
 
 def openai_segments(segments: list[dict]) -> list[dict]:
