@@ -166,6 +166,43 @@ def test_translation_equals_grpc_for_base_and_adapter(sdk, grpc_url, speech):
     assert base_ref.strip()
 
 
+@whisper_only
+def test_every_container_transcribes_as_its_wav(sdk, grpc_url, speech, tmp_path):
+    """m4a (AAC), webm (Opus) and mp4 (with a video track), encoded here with PyAV, give the
+    WAV's text through the front for the base model and an adapter; verbose_json's duration
+    comes from the container's header."""
+    import soundfile
+
+    from tests.audio_files import encode
+
+    wav = speech(SENTENCE)
+    samples, rate = soundfile.read(wav, dtype="float32")
+    files = {
+        "m4a": encode(samples, rate, "ipod", "aac")[0],
+        "webm": encode(samples, rate, "webm", "libopus", codec_rate=48000)[0],
+        "mp4": encode(samples, rate, "mp4", "aac", video="mpeg4")[0],
+    }
+    paths = {}
+    for kind, data in files.items():
+        paths[kind] = tmp_path / f"speech.{kind}"
+        paths[kind].write_bytes(data)
+    alpha = {"lora_name": "alpha"}
+    refs = {
+        WHISPER: grpc_one(grpc_url, WHISPER, transcription_fields(wav)).text,
+        f"{WHISPER}/alpha": grpc_one(grpc_url, WHISPER, transcription_fields(wav), alpha).text,
+    }
+    runs = [(kind, model) for kind in paths for model in refs]
+    results = sdk(
+        *[call("transcribe", file=str(paths[kind]), model=model) for kind, model in runs],
+        call("transcribe", file=str(paths["webm"]), model=WHISPER, response_format="verbose_json"),
+    )
+    for (kind, model), result in zip(runs, results, strict=False):
+        assert ok(result) == {"text": refs[model]}, (kind, model)
+    verbose = ok(results[-1])
+    assert verbose["text"] == refs[WHISPER]
+    assert abs(verbose["duration"] - len(samples) / rate) < 0.03
+
+
 # ---- chat ----------------------------------------------------------------------------------------
 def image_message(text: str = PROMPT) -> list[dict]:
     return [
