@@ -5,6 +5,12 @@ timestamp_granularities[], stream); every other form field is one of whisper_lor
 options (`beam_size`, `suppress_tokens`, `vad_filter`, `vad_parameters`, ...) and goes into
 `sampling_parameters` as given (JSON values parsed, anything else as its string, which
 whisper_lora reads by the key's type), so whisper_lora names a wrong key or value itself.
+`hotwords` and `prefix` (faster-whisper's) are text whatever they look like ("2024" stays a
+string).
+
+`file` is any audio or video file FFmpeg decodes, sent to whisper_lora as is (it decodes it,
+bounded); verbose_json's `duration` comes from the container's header through the same PyAV
+probe (lora_media.audio_file), nothing decoded here.
 
 temperature: OpenAI documents 0 as "use log probability to automatically increase the
 temperature until certain thresholds are hit", which is whisper_lora's default schedule
@@ -35,6 +41,7 @@ _OPENAI_FIELDS = {
     "include",
     "chunking_strategy",  # whisper_lora always decodes in 30 s windows
 }
+_TEXT_OPTIONS = {"hotwords", "prefix"}  # decoding options that are text, never JSON
 
 # Whisper's languages (code -> the name OpenAI's verbose_json gives as `language`).
 LANGUAGES = {
@@ -129,7 +136,7 @@ def parse_form(task: str, form: list[tuple[str, object]], audio: bytes | None) -
         elif name in _OPENAI_FIELDS:
             single[name] = value
         elif isinstance(value, str):
-            decoding[name] = _form_value(value)
+            decoding[name] = value if name in _TEXT_OPTIONS else _form_value(value)
         else:
             raise bad_request(f"unexpected file in form field '{name}'", name)
     if audio is None:
