@@ -15,10 +15,12 @@ def encode(
     channels: int = 1,
     codec_rate: int | None = None,
     video: str | None = None,
+    video_seconds: float = 1.0,
     options: dict | None = None,
 ) -> tuple[bytes, int]:
     """`samples` (mono float32 at `rate`) as a `container` file of `codec` (None: no audio
-    track), with an optional video track; -> (file bytes, the encoder's frame size)."""
+    track), with an optional video track (10 frames a second); -> (file bytes, the encoder's
+    frame size)."""
     buffer = io.BytesIO()
     out = av.open(buffer, "w", format=container)
     picture = None
@@ -45,7 +47,7 @@ def encode(
         out.mux(sound.encode(None))
         frame_size = sound.codec_context.frame_size
     if picture is not None:
-        for index in range(10):
+        for index in range(round(video_seconds * 10)):
             still = av.VideoFrame.from_ndarray(np.zeros((48, 64, 3), np.uint8), format="rgb24")
             still = still.reformat(format="yuv420p")
             still.pts = index

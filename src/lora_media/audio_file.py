@@ -86,9 +86,11 @@ def _open(data: bytes, name: str):
 
 
 def _stated_duration(container, stream) -> float | None:
+    """The audio stream's own duration, else the container's when the audio is all it holds
+    (a container's duration is its longest stream's: a video's audio can be shorter)."""
     if stream.duration is not None and stream.time_base is not None and stream.duration > 0:
         return float(stream.duration * stream.time_base)
-    if container.duration is not None and container.duration > 0:
+    if len(container.streams) == 1 and container.duration is not None and container.duration > 0:
         return container.duration / 1_000_000  # AV_TIME_BASE
     return None
 

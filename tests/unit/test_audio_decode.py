@@ -113,6 +113,19 @@ def test_probe_reads_the_header_only(sentence):
     assert info.duration_s == pytest.approx(sentence[0].shape[0] / sentence[1], abs=0.03)
 
 
+@pytest.mark.parametrize("container", ["matroska", "mp4", "webm"])
+def test_a_video_longer_than_its_audio_is_not_truncated(sentence, as_wav, container):
+    """A container's duration is its longest stream's: 8 s of video beside 3.4 s of audio."""
+    samples, rate, _ = sentence
+    codec, codec_rate = ("libopus", 48000) if container == "webm" else ("aac", None)
+    picture = "libvpx" if container == "webm" else "mpeg4"
+    data, _ = encode(
+        samples, rate, container, codec, codec_rate=codec_rate, video=picture, video_seconds=8
+    )
+    decoded, _ = decode_audio_file(data, max_seconds=30)
+    assert aligned_correlation(decoded, as_wav)[0] > 0.98
+
+
 def _cut(data: bytes, fraction: float) -> bytes:
     return data[: int(len(data) * fraction)]
 
