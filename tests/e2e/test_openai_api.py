@@ -167,10 +167,10 @@ def test_translation_equals_grpc_for_base_and_adapter(sdk, grpc_url, speech):
 
 
 @whisper_only
-def test_every_container_transcribes_as_its_wav(sdk, grpc_url, speech, tmp_path):
-    """m4a (AAC), webm (Opus) and mp4 (with a video track), encoded here with PyAV, give the
-    WAV's text through the front for the base model and an adapter; verbose_json's duration
-    comes from the container's header."""
+def test_every_container_transcribes_as_through_triton(sdk, grpc_url, speech, tmp_path):
+    """m4a (AAC, and ALAC), webm (Opus) and mp4 (with a video track), encoded here with PyAV,
+    give through the front the text Triton gives for the same file (lossless ALAC: the WAV's),
+    for the base model and an adapter; verbose_json's duration is the container's."""
     import soundfile
 
     from tests.audio_files import encode
@@ -181,25 +181,33 @@ def test_every_container_transcribes_as_its_wav(sdk, grpc_url, speech, tmp_path)
         "m4a": encode(samples, rate, "ipod", "aac")[0],
         "webm": encode(samples, rate, "webm", "libopus", codec_rate=48000)[0],
         "mp4": encode(samples, rate, "mp4", "aac", video="mpeg4")[0],
+        "alac.m4a": encode(samples, rate, "ipod", "alac")[0],
     }
     paths = {}
     for kind, data in files.items():
         paths[kind] = tmp_path / f"speech.{kind}"
         paths[kind].write_bytes(data)
-    alpha = {"lora_name": "alpha"}
+    models = {WHISPER: None, f"{WHISPER}/alpha": {"lora_name": "alpha"}}
+    runs = [(kind, model) for kind in paths for model in models]
     refs = {
-        WHISPER: grpc_one(grpc_url, WHISPER, transcription_fields(wav)).text,
-        f"{WHISPER}/alpha": grpc_one(grpc_url, WHISPER, transcription_fields(wav), alpha).text,
+        (kind, model): grpc_one(grpc_url, WHISPER, transcription_fields(paths[kind]), lora).text
+        for kind, model in runs
+        for lora in [models[model]]
     }
-    runs = [(kind, model) for kind in paths for model in refs]
+    wav_refs = {
+        model: grpc_one(grpc_url, WHISPER, transcription_fields(wav), lora).text
+        for model, lora in models.items()
+    }
     results = sdk(
         *[call("transcribe", file=str(paths[kind]), model=model) for kind, model in runs],
         call("transcribe", file=str(paths["webm"]), model=WHISPER, response_format="verbose_json"),
     )
     for (kind, model), result in zip(runs, results, strict=False):
-        assert ok(result) == {"text": refs[model]}, (kind, model)
+        assert ok(result) == {"text": refs[kind, model]}, (kind, model)
+    for model in models:
+        assert refs["alac.m4a", model] == wav_refs[model]
     verbose = ok(results[-1])
-    assert verbose["text"] == refs[WHISPER]
+    assert verbose["text"] == refs["webm", WHISPER]
     assert abs(verbose["duration"] - len(samples) / rate) < 0.03
 
 
