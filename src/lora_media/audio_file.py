@@ -29,6 +29,7 @@ SAMPLE_RATE = 16_000  # Whisper's
 # (both bounds: stated durations of some formats are estimates from the bitrate).
 TRUNCATED_MIN_GAP_S = 1.0
 TRUNCATED_FRACTION = 0.9
+BLOCK_SAMPLES = 32_768  # decoded samples converted at once (< 1 s at 48 kHz)
 _FIRST_CAPACITY_S = 30.0  # the 16 kHz buffer's first size when the header states no duration
 _BASE64_ALPHABET = frozenset((string.ascii_letters + string.digits + "+/=").encode())
 FORMATS_HINT = "wav, flac, mp3, ogg, opus, webm, m4a, mp4, mpeg or any audio FFmpeg decodes"
@@ -144,6 +145,46 @@ class _Samples16k:
         return self.data
 
 
+def _frames(container, stream, skipped: list[int]):
+    """The stream's decoded frames; a packet its decoder refuses is skipped (counted in
+    `skipped`), as FFmpeg's own tools go on past a damaged packet (in PyAV an error ends
+    `container.decode`, so faster-whisper's `_ignore_invalid_frames` stops there instead)."""
+    import av
+
+    for packet in container.demux(stream):
+        try:
+            frames = packet.decode()
+        except av.error.InvalidDataError:
+            skipped.append(packet.pts or 0)
+            continue
+        yield from frames
+
+
+def _blocks(frames):
+    """Decoded frames gathered into blocks of about BLOCK_SAMPLES (faster-whisper's
+    `_group_frames`: an Opus frame is 20 ms, and each costs Python work), each yielded with the
+    converter to planar float32 of its shape and whether the shape is new."""
+    import av
+
+    fifo = to_float = shape = None
+    new = True
+    for frame in frames:
+        key = (frame.format.name, frame.layout.name, frame.sample_rate)
+        if key != shape:
+            if fifo is not None and fifo.samples:
+                yield fifo.read(), to_float, shape[2], new
+            fifo, shape = av.AudioFifo(), key
+            to_float = av.AudioResampler(format="fltp")  # sample format only
+            new = True
+        frame.pts = None  # the FIFO checks timestamps otherwise
+        fifo.write(frame)
+        if fifo.samples >= BLOCK_SAMPLES:
+            yield fifo.read(), to_float, shape[2], new
+            new = False
+    if fifo is not None and fifo.samples:
+        yield fifo.read(), to_float, shape[2], new
+
+
 def decode_audio_file(
     data: bytes, *, max_seconds: float, name: str = "audio_file"
 ) -> tuple[np.ndarray, int]:
@@ -170,10 +211,7 @@ def decode_audio_file(
         limit = None if math.isinf(max_seconds) else int(max_seconds * SAMPLE_RATE)
         first = (stated if stated is not None else _FIRST_CAPACITY_S) * 1.05 + 1.0
         samples = _Samples16k(int(first * SAMPLE_RATE), limit)
-        # Sample format only: planar float32 at the stream's own rate and layout.
-        to_float = av.AudioResampler(format="fltp")
         resampler = None
-        rate = 0
         decoded_s = 0.0
 
         def keep(chunk: np.ndarray) -> None:
@@ -184,17 +222,17 @@ def decode_audio_file(
                 )
 
         try:
-            for frame in container.decode(stream):
-                for converted in to_float.resample(frame):
-                    if resampler is None or converted.sample_rate != rate:
-                        if resampler is not None:  # the stream changed rate: flush the old one
-                            keep(resampler.resample_chunk(np.zeros(0, np.float32), last=True))
-                        rate = converted.sample_rate
-                        resampler = (
-                            soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
-                            if rate != SAMPLE_RATE
-                            else None
-                        )
+            skipped: list[int] = []
+            for block, to_float, rate, changed in _blocks(_frames(container, stream, skipped)):
+                if changed:  # the first block, or the stream changed its rate or layout
+                    if resampler is not None:
+                        keep(resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+                    resampler = (
+                        soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32")
+                        if rate != SAMPLE_RATE
+                        else None
+                    )
+                for converted in to_float.resample(block):
                     mono = converted.to_ndarray().mean(axis=0, dtype=np.float32)
                     decoded_s += mono.shape[0] / rate
                     keep(mono if resampler is None else resampler.resample_chunk(mono))
@@ -215,7 +253,9 @@ def decode_audio_file(
         and stated - held > TRUNCATED_MIN_GAP_S
         and held < TRUNCATED_FRACTION * stated
     ):
+        damaged = f" ({len(skipped)} damaged packets skipped)" if skipped else ""
         raise AudioFileError(
-            f"{name} is truncated: its header states {stated:.1f} s of audio, it holds {held:.1f} s"
+            f"{name} is truncated: its header states {stated:.1f} s of audio, it holds "
+            f"{held:.1f} s{damaged}"
         )
     return samples.result(), SAMPLE_RATE
