@@ -1,7 +1,8 @@
 """lora-client: talk to whisper_lora and qwen_vl_lora from the shell.
 
 lora-client transcribe speech.wav [--adapter alpha] [--language de] [--task translate] [--stream]
-                      [--timestamps] [--prompt "previous text"]
+                      [--timestamps] [--prompt "previous text"] [--hotwords "Zyprexa"]
+                      [--prefix "start of the transcript"]
                       [--suppress-tokens "-1,1234"] [--no-suppress-blank] [--vad-filter]
                       [--beam-size 5 [--beam-rule faster-whisper]] [--temperature 0 [0.2 ...]]
                       [--no-condition-on-previous-text]
@@ -131,6 +132,10 @@ def _decoding(args) -> dict:
         decoding["temperature"] = values[0] if len(values) == 1 else values
     if args.no_condition_on_previous_text:
         decoding["condition_on_previous_text"] = False
+    if args.hotwords is not None:
+        decoding["hotwords"] = args.hotwords
+    if args.prefix is not None:
+        decoding["prefix"] = args.prefix
     return decoding
 
 
@@ -187,6 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     transcribe.add_argument("--task", choices=["transcribe", "translate"])
     transcribe.add_argument("--timestamps", action="store_true", help="also print segments")
     transcribe.add_argument("--prompt", help="previous text (context for the first words)")
+    transcribe.add_argument(
+        "--hotwords",
+        help="hint words or phrases (faster-whisper's: given as previous text, before --prompt)",
+    )
+    transcribe.add_argument(
+        "--prefix",
+        help="the start of the transcript, decoding continues from it (first window; not "
+        "with --timestamps)",
+    )
     transcribe.add_argument(
         "--suppress-tokens",
         help='token ids never emitted, as openai-whisper: "-1" (default) the model\'s non-speech '

@@ -5,6 +5,12 @@ timestamp_granularities[], stream); every other form field is one of whisper_lor
 options (`beam_size`, `suppress_tokens`, `vad_filter`, `vad_parameters`, ...) and goes into
 `sampling_parameters` as given (JSON values parsed, anything else as its string, which
 whisper_lora reads by the key's type), so whisper_lora names a wrong key or value itself.
+`hotwords` and `prefix` (faster-whisper's) are text whatever they look like ("2024" stays a
+string).
+
+`file` is any audio or video file FFmpeg decodes, sent to whisper_lora as is (it decodes it,
+bounded); verbose_json's `duration` comes from the container's header through the same PyAV
+probe (lora_media.audio_file), nothing decoded here.
 
 temperature: OpenAI documents 0 as "use log probability to automatically increase the
 temperature until certain thresholds are hit", which is whisper_lora's default schedule
@@ -12,7 +18,6 @@ temperature until certain thresholds are hit", which is whisper_lora's default s
 = that schedule; a value above 0 = that one temperature, no fallback.
 """
 
-import io
 import json
 from dataclasses import dataclass, field
 
@@ -36,6 +41,7 @@ _OPENAI_FIELDS = {
     "include",
     "chunking_strategy",  # whisper_lora always decodes in 30 s windows
 }
+_TEXT_OPTIONS = {"hotwords", "prefix"}  # decoding options that are text, never JSON
 
 # Whisper's languages (code -> the name OpenAI's verbose_json gives as `language`): openai-whisper's
 # table, as lora_serving.tasks.whisper_languages has it (a unit test keeps them equal; the front
@@ -133,7 +139,7 @@ def parse_form(task: str, form: list[tuple[str, object]], audio: bytes | None) -
         elif name in _OPENAI_FIELDS:
             single[name] = value
         elif isinstance(value, str):
-            decoding[name] = _form_value(value)
+            decoding[name] = value if name in _TEXT_OPTIONS else _form_value(value)
         else:
             raise bad_request(f"unexpected file in form field '{name}'", name)
     if audio is None:
@@ -192,14 +198,15 @@ def parse_form(task: str, form: list[tuple[str, object]], audio: bytes | None) -
 
 # ---- responses ---------------------------------------------------------------------------------
 def audio_duration(audio: bytes) -> float | None:
-    """Seconds of an audio file from its header (soundfile), None when it cannot tell."""
-    try:
-        import soundfile
+    """Seconds of an audio file as its container states them (FFmpeg's header probe, the one
+    whisper_lora's decoder uses; nothing decoded), None when it does not say."""
+    from lora_media.audio_file import AudioFileError, probe_audio_file
 
-        info = soundfile.info(io.BytesIO(audio))
-        return round(info.frames / info.samplerate, 3) if info.samplerate else None
-    except Exception:
+    try:
+        stated = probe_audio_file(audio, name="file").duration_s
+    except AudioFileError:
         return None
+    return round(stated, 3) if stated is not None else None
 
 
 def openai_segments(segments: list[dict]) -> list[dict]:

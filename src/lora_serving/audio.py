@@ -1,18 +1,18 @@
 """Audio in any common form -> 16 kHz mono float32, what Whisper's feature extractor takes.
 
-Decoding is libsndfile's (soundfile: wav, flac, ogg/vorbis, mp3), resampling soxr's (the
-high-quality resampler also used by librosa), and long recordings are cut where vLLM's own
-speech-to-text server cuts them (`vllm.multimodal.audio.split_audio`), so none of it is
+Files are decoded by FFmpeg through PyAV, bounded by the row's duration limit
+(`lora_media.audio_file`: every container and codec FFmpeg reads); raw samples are resampled by
+soxr (the high-quality resampler also used by librosa); long recordings are cut where vLLM's
+own speech-to-text server cuts them (`vllm.multimodal.audio.split_audio`), so none of it is
 hand-written here.
 """
 
-import base64
-import binascii
-import io
 from dataclasses import dataclass
 
 import numpy as np
 
+from lora_media.audio_file import AudioFileError
+from lora_media.audio_file import decode_audio_file as _decode
 from lora_serving.errors import InvalidRequest
 
 WHISPER_SAMPLE_RATE = 16_000
@@ -20,31 +20,16 @@ WINDOW_SECONDS = 30.0  # what Whisper's encoder hears at once
 # vLLM's SpeechToTextConfig defaults: look for the quietest 0.1 s in the last second of a window.
 SPLIT_SEARCH_SECONDS = 1.0
 SPLIT_ENERGY_WINDOW = 1600
-# wav, flac, ogg, mp3 with an ID3 tag, bare mp3 frames
-_CONTAINER_MAGIC = (b"RIFF", b"fLaC", b"OggS", b"ID3", b"\xff\xfb", b"\xff\xf3", b"\xff\xf2")
 
 
 def decode_audio_file(data: bytes, *, max_seconds: float) -> tuple[np.ndarray, int]:
-    """Encoded file bytes -> (mono float32 samples, sample rate)."""
-    import soundfile
-
-    if not data:
-        raise InvalidRequest("audio_file is empty")
-    if not data.startswith(_CONTAINER_MAGIC):
-        # HTTP/JSON clients (Triton's generate endpoint) can only send text: accept base64.
-        try:
-            data = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
-            pass  # not base64 either: let libsndfile say what is wrong
+    """Encoded file bytes (or their base64) -> (16 kHz mono float32 samples, 16000); a file
+    FFmpeg cannot read, without audio, truncated, or longer than `max_seconds` (refused as soon
+    as that shows, before or while decoding) -> InvalidRequest naming the problem."""
     try:
-        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as err:
-        raise InvalidRequest(
-            f"audio_file could not be decoded (wav, flac, ogg/vorbis or mp3 expected): {err}"
-        ) from None
-    if samples.shape[0] > max_seconds * rate:
-        raise InvalidRequest(f"audio_file is longer than the {max_seconds:g} s limit")
-    return samples.mean(axis=1, dtype=np.float32), int(rate)
+        return _decode(data, max_seconds=max_seconds, name="audio_file")
+    except AudioFileError as err:
+        raise InvalidRequest(str(err)) from None
 
 
 def to_whisper_input(samples: np.ndarray, sample_rate: int, *, max_seconds: float) -> np.ndarray:

@@ -166,6 +166,51 @@ def test_translation_equals_grpc_for_base_and_adapter(sdk, grpc_url, speech):
     assert base_ref.strip()
 
 
+@whisper_only
+def test_every_container_transcribes_as_through_triton(sdk, grpc_url, speech, tmp_path):
+    """m4a (AAC, and ALAC), webm (Opus) and mp4 (with a video track), encoded here with PyAV,
+    give through the front the text Triton gives for the same file (lossless ALAC: the WAV's),
+    for the base model and an adapter; verbose_json's duration is the container's."""
+    import soundfile
+
+    from tests.audio_files import encode
+
+    wav = speech(SENTENCE)
+    samples, rate = soundfile.read(wav, dtype="float32")
+    files = {
+        "m4a": encode(samples, rate, "ipod", "aac")[0],
+        "webm": encode(samples, rate, "webm", "libopus", codec_rate=48000)[0],
+        "mp4": encode(samples, rate, "mp4", "aac", video="mpeg4")[0],
+        "alac.m4a": encode(samples, rate, "ipod", "alac")[0],
+    }
+    paths = {}
+    for kind, data in files.items():
+        paths[kind] = tmp_path / f"speech.{kind}"
+        paths[kind].write_bytes(data)
+    models = {WHISPER: None, f"{WHISPER}/alpha": {"lora_name": "alpha"}}
+    runs = [(kind, model) for kind in paths for model in models]
+    refs = {
+        (kind, model): grpc_one(grpc_url, WHISPER, transcription_fields(paths[kind]), lora).text
+        for kind, model in runs
+        for lora in [models[model]]
+    }
+    wav_refs = {
+        model: grpc_one(grpc_url, WHISPER, transcription_fields(wav), lora).text
+        for model, lora in models.items()
+    }
+    results = sdk(
+        *[call("transcribe", file=str(paths[kind]), model=model) for kind, model in runs],
+        call("transcribe", file=str(paths["webm"]), model=WHISPER, response_format="verbose_json"),
+    )
+    for (kind, model), result in zip(runs, results, strict=False):
+        assert ok(result) == {"text": refs[kind, model]}, (kind, model)
+    for model in models:
+        assert refs["alac.m4a", model] == wav_refs[model]
+    verbose = ok(results[-1])
+    assert verbose["text"] == refs["webm", WHISPER]
+    assert abs(verbose["duration"] - len(samples) / rate) < 0.03
+
+
 # ---- chat ----------------------------------------------------------------------------------------
 def image_message(text: str = PROMPT) -> list[dict]:
     return [

@@ -348,3 +348,187 @@ def test_vad_filter_drops_silence_and_keeps_times_of_the_original_audio(grpc_url
             assert abs(found[-1]["end"] - end) < 0.5, (name, sentence, end, segments)
             for segment in found:
                 assert start - 0.5 < segment["start"] <= segment["end"] < end + 0.5, segments
+
+
+# ---- audio containers (PyAV) and bounded decoding ----------------------------------------------
+def containers(wav) -> dict[str, bytes]:
+    """The clip as a phone (m4a, AAC; or ALAC, lossless), a browser (webm, Opus) and a camera
+    (mp4 with a video track) would send it, encoded here with PyAV."""
+    from tests.audio_files import encode
+
+    samples, rate = soundfile.read(wav, dtype="float32")
+    return {
+        "m4a": encode(samples, rate, "ipod", "aac")[0],
+        "m4a alac": encode(samples, rate, "ipod", "alac")[0],
+        "webm": encode(samples, rate, "webm", "libopus", codec_rate=48000)[0],
+        "mp4": encode(samples, rate, "mp4", "aac", video="mpeg4")[0],
+    }
+
+
+def test_every_container_gives_the_text_of_its_audio(grpc_url, clip):
+    """m4a, webm and mp4 files decode in the server to the text of the very samples PyAV
+    decodes from them here (sent as raw `audio`), and lossless ALAC to the WAV's text; lossy
+    AAC / Opus stay within a word of the WAV's (whisper-base on espeak-ng speech is on the edge
+    between "round" and "brown": AAC or Opus at any bit rate can flip it, measured). The base
+    model and an adapter, all requests at once (they share batches)."""
+    from lora_serving.audio import decode_audio_file
+
+    files = {"wav": clip.read_bytes(), **containers(clip)}
+    runs = [
+        (kind, form, name)
+        for kind in files
+        for form in (("file",) if kind == "wav" else ("file", "samples"))
+        for name in (None, "alpha")
+    ]
+
+    def fields(kind: str, form: str) -> dict:
+        if form == "file":
+            return {"audio_file": files[kind]}
+        samples, _ = decode_audio_file(files[kind], max_seconds=30)
+        return {"audio": samples[None, :], "sample_rate": 16000}
+
+    outcomes = grpc_many(
+        grpc_url,
+        MODEL,
+        [
+            (
+                {**fields(kind, form), "language": "en", "sampling_parameters": sampling()},
+                {"lora_name": name} if name else None,
+            )
+            for kind, form, name in runs
+        ],
+    )
+    texts = {}
+    for run, outcome in zip(runs, outcomes, strict=True):
+        assert outcome.error is None, (run, outcome.error)
+        texts[run] = outcome.text
+    for kind, form, name in runs:
+        if form == "samples":
+            assert texts[kind, "file", name] == texts[kind, form, name], (kind, name, texts)
+        assert likeness(texts[kind, "file", name], texts["wav", "file", name]) > 0.85, texts
+    for name in (None, "alpha"):
+        assert texts["m4a alac", "file", name] == texts["wav", "file", name]
+    assert "fox jump" in texts["wav", "file", None]
+
+
+def whisper_stub(server):
+    import psutil
+
+    stubs = [
+        child
+        for child in psutil.Process(server.process.pid).children()
+        if "triton_python_backend_stub" in " ".join(child.cmdline())
+        and "whisper_lora" in " ".join(child.cmdline())
+    ]
+    assert len(stubs) == 1, stubs
+    return stubs[0]
+
+
+def test_an_oversized_flac_is_refused_with_bounded_memory_while_others_are_served(
+    grpc_url, triton_server, clip
+):
+    """1.2 MB of FLAC holding 2 h of 48 kHz stereo silence (2.7 GB decoded): refused from its
+    header, and with a header that claims 10 s, refused once its decoding passes the 1800 s
+    limit; the stub's RSS meanwhile grows by less than the limit's worth of 16 kHz float32
+    (115 MB) resp. that plus small overhead; a request already in flight is served."""
+    import threading
+    import time
+
+    from tests.audio_files import silence_flac, with_stated_samples
+
+    limit_bytes = 1800 * 16000 * 4
+    honest = silence_flac(7200)
+    lying = with_stated_samples(honest, 48000 * 10)
+    stub = whisper_stub(triton_server)
+    fields = {"audio_file": clip.read_bytes(), "language": "en", "sampling_parameters": sampling()}
+    expected = grpc_one(grpc_url, MODEL, fields)
+    assert expected.error is None, expected.error
+
+    def peak_growth(call) -> tuple[int, object]:
+        start = peak = stub.memory_info().rss
+        done = threading.Event()
+
+        def sample():
+            nonlocal peak
+            while not done.wait(0.01):
+                peak = max(peak, stub.memory_info().rss)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            result = call()
+        finally:
+            done.set()
+            sampler.join()
+        return max(peak, stub.memory_info().rss) - start, result
+
+    served: dict = {}
+    in_flight = threading.Thread(
+        target=lambda: served.update(one=grpc_one(grpc_url, MODEL, fields))
+    )
+    in_flight.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    honest_growth, refused = peak_growth(lambda: grpc_one(grpc_url, MODEL, {"audio_file": honest}))
+    honest_s = time.monotonic() - started
+    lying_growth, refused_lying = peak_growth(
+        lambda: grpc_one(grpc_url, MODEL, {"audio_file": lying})
+    )
+    in_flight.join()
+    print(
+        f"\n2 h FLAC refused in {honest_s:.2f} s, stub RSS +{honest_growth / 1e6:.1f} MB; "
+        f"with a lying header +{lying_growth / 1e6:.1f} MB (limit's worth {limit_bytes / 1e6:.1f})"
+    )
+    assert refused.error and "longer than the 1800 s limit (its header states 7200.0 s)" in (
+        refused.error
+    )
+    assert refused_lying.error and (
+        "decodes to more than the 1800 s limit (its header states 10.0 s)" in refused_lying.error
+    )
+    assert honest_growth < limit_bytes and honest_s < 5
+    assert lying_growth < limit_bytes + 32_000_000
+    assert served["one"].error is None and served["one"].text == expected.text
+
+
+# ---- hotwords and prefix ---------------------------------------------------------------------
+HOTWORDS = "Fawkes, lazy dogs"
+PREFIX_TEXT = "The quick brown"
+
+
+def test_hotwords_and_prefix_decode_as_the_merged_reference(grpc_url, clip, demo_models, tokenizer):
+    """faster-whisper's prompts: hotwords as previous text, the prefix after the task tokens;
+    served text == transformers' greedy decoding after the same prompt on the merged weights,
+    for the base and an adapter sharing batches."""
+    task = tokenizer.convert_tokens_to_ids(
+        ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
+    )
+    words = lambda text: tokenizer.encode(" " + text, add_special_tokens=False)  # noqa: E731
+    prompts = {
+        "hotwords": [tokenizer.convert_tokens_to_ids("<|startofprev|>"), *words(HOTWORDS), *task],
+        "prefix": [*task, *words(PREFIX_TEXT)],
+    }
+    options = {"hotwords": {"hotwords": HOTWORDS}, "prefix": {"prefix": PREFIX_TEXT}}
+    runs = [(kind, name) for kind in prompts for name in (None, "alpha")]
+    outcomes = grpc_many(
+        grpc_url,
+        MODEL,
+        [
+            (
+                {
+                    "audio_file": clip.read_bytes(),
+                    "language": "en",
+                    "sampling_parameters": sampling(max_tokens=40, **options[kind]),
+                },
+                {"lora_name": name} if name else None,
+            )
+            for kind, name in runs
+        ],
+    )
+    for (kind, name), outcome in zip(runs, outcomes, strict=True):
+        assert outcome.error is None, (kind, name, outcome.error)
+        tokens = reference_tokens(demo_models, name, clip, prompts[kind], max_tokens=40)
+        expected = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        assert outcome.text == expected, (kind, name)
+        plain = reference_tokens(demo_models, name, clip, task, max_tokens=40)
+        assert tokens != plain, (kind, name)  # the prompt changes what is decoded
+    assert not outcomes[2].text.startswith("The quick")  # the transcript continues the prefix

@@ -37,6 +37,17 @@ def form(**fields) -> list[tuple[str, str]]:
     return [("model", "whisper_lora/alpha"), *fields.items()]
 
 
+def test_hotwords_and_prefix_stay_text():
+    request = audio.parse_form(
+        "transcribe", form(hotwords="2024", prefix="Zyprexa, 10 mg", beam_size="5"), b"RIFF"
+    )
+    assert json.loads(request.triton_fields()["sampling_parameters"]) == {
+        "hotwords": "2024",
+        "prefix": "Zyprexa, 10 mg",
+        "beam_size": 5,
+    }
+
+
 def test_transcription_form_maps_to_whisper_inputs():
     request = audio.parse_form(
         "transcribe",

@@ -74,7 +74,7 @@ def test_transcription_fields_carry_whisper_decoding_options():
     class Args:
         suppress_tokens, no_suppress_blank, vad_filter = "-1,1234", True, True
         beam_size, temperature, no_condition_on_previous_text = 5, [0.0], True
-        beam_rule = "faster-whisper"
+        beam_rule, hotwords, prefix = "faster-whisper", "Zyprexa", "The quick"
 
     assert _decoding(Args) == {
         "suppress_tokens": "-1,1234",
@@ -84,10 +84,12 @@ def test_transcription_fields_carry_whisper_decoding_options():
         "beam_rule": "faster-whisper",
         "temperature": 0.0,
         "condition_on_previous_text": False,
+        "hotwords": "Zyprexa",
+        "prefix": "The quick",
     }
 
     class Schedule(Args):
         beam_size, temperature, no_condition_on_previous_text = None, [0.0, 0.5], False
-        beam_rule = None
+        beam_rule = hotwords = prefix = None
 
     assert _decoding(Schedule)["temperature"] == [0.0, 0.5]

@@ -337,3 +337,106 @@ def test_a_failing_window_fails_the_row_and_cancels_the_others(task):
     with pytest.raises(InvalidRequest, match="window refused"):
         run_decode(job, stream)
     assert len(cancelled) == 2
+
+
+# ---- hotwords and prefix (faster-whisper's get_prompt) ------------------------------------------
+def words(task, text: str) -> list[int]:
+    return task.tokenizer.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize(
+    "options, prompt, expected",
+    [
+        ({"hotwords": "  Zyprexa Xanax "}, None, ["prev", "hot", "task"]),
+        ({"hotwords": "Zyprexa Xanax"}, "Birds and foxes.", ["prev", "hot", "previous", "task"]),
+        ({"prefix": "The quick"}, None, ["task", "prefix"]),
+        # faster-whisper: "Has no effect if prefix is not None" (in the window that has it)
+        ({"prefix": "The quick", "hotwords": "Zyprexa Xanax"}, None, ["task", "prefix"]),
+        (
+            {"prefix": "The quick", "hotwords": "Zyprexa Xanax"},
+            "Birds and foxes.",
+            ["prev", "previous", "task", "prefix"],
+        ),
+        ({"hotwords": "", "prefix": None}, None, ["task"]),
+        ({"hotwords": "   "}, None, ["task"]),
+    ],
+)
+def test_hotwords_and_prefix_go_where_faster_whisper_puts_them(task, options, prompt, expected):
+    parts = {
+        "prev": [SOT_PREV],
+        "hot": words(task, " Zyprexa Xanax"),
+        "previous": words(task, " Birds and foxes."),
+        "task": [SOT, EN, TRANSCRIBE, NO_TS],
+        "prefix": words(task, " The quick"),
+    }
+    inputs = {"audio": tone(2), "language": "en", "sampling_parameters": json.dumps(options)}
+    if prompt:
+        inputs["prompt"] = prompt
+    job = task.build_plan(request(**inputs)).jobs[0]
+    assert decoder_ids(task, job) == [i for part in expected for i in parts[part]]
+
+
+def test_long_hotwords_keep_their_first_half_context(task):
+    sampling = json.dumps({"hotwords": " ".join(f"word{i}" for i in range(400))})
+    job = task.build_plan(request(audio=tone(2), language="en", sampling_parameters=sampling))
+    ids = decoder_ids(task, job.jobs[0])
+    hotwords = words(task, " " + " ".join(f"word{i}" for i in range(400)))
+    assert ids == [SOT_PREV, *hotwords[:223], SOT, EN, TRANSCRIBE, NO_TS]
+
+
+def test_the_prefix_starts_the_first_window_only_and_hotwords_the_others(task):
+    options = {
+        "prefix": "One",
+        "hotwords": "Zyprexa",
+        "temperature": 0,
+        "no_speech_threshold": None,
+    }
+    job = task.build_plan(
+        request(audio=tone(70), language="en", sampling_parameters=json.dumps(options))
+    ).jobs[0]  # windows at ~0, 29, 58 s, decoded at once
+    prompts = {}
+
+    async def stream(prompt, sampling):
+        start = round(window_start(job, prompt) / 30)
+        prompts[start] = prompt["decoder_prompt"]["prompt_token_ids"]
+        yield GenerationChunk(" x", " x", [1], [], 4, "stop")
+
+    run_decode(job, stream)
+    task_ids = [SOT, EN, TRANSCRIBE, NO_TS]
+    assert prompts[0] == [*task_ids, *words(task, " One")]
+    assert prompts[1] == prompts[2] == [SOT_PREV, *words(task, " Zyprexa"), *task_ids]
+
+
+def test_hotwords_come_before_the_text_said_in_earlier_windows_with_timestamps(task):
+    options = {"hotwords": "Zyprexa", "temperature": 0, "no_speech_threshold": None}
+    said = words(task, " Hello there.")
+    outputs = [[TS, *said, TS + 100, EOT], [TS, EOT]]
+    prompts = []
+
+    async def stream(prompt, sampling):
+        prompts.append(prompt["decoder_prompt"]["prompt_token_ids"])
+        tokens = outputs[len(prompts) - 1]
+        yield GenerationChunk("", "", tokens, [-0.1] * len(tokens), 3, "stop")
+
+    job = task.build_plan(
+        request(
+            audio=tone(45), language="en", timestamps=True, sampling_parameters=json.dumps(options)
+        )
+    ).jobs[0]
+    run_decode(job, stream)
+    hot = [SOT_PREV, *words(task, " Zyprexa")]
+    assert prompts[0] == [*hot, SOT, EN, TRANSCRIBE]
+    assert prompts[1] == [*hot, TS, *said, TS + 100, SOT, EN, TRANSCRIBE]
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({"timestamps": True, "sampling_parameters": '{"prefix": "The"}'}, "'prefix' is not"),
+        ({"sampling_parameters": '{"hotwords": 5}'}, "hotwords"),
+        ({"sampling_parameters": '{"prefix": ["The"]}'}, "prefix"),
+    ],
+)
+def test_bad_hotwords_or_prefix_are_named(task, inputs, message):
+    with pytest.raises(InvalidRequest, match=message):
+        task.build_plan(request(audio=tone(2), language="en", **inputs)).jobs[0]

@@ -1,7 +1,8 @@
 """whisper_lora: speech -> text with the LoRA adapter each request names (parameter `lora_name`).
 
 Inputs: `audio` (FP32 samples, padded rows + `audio_length`) + `sample_rate`, or `audio_file`
-(wav/flac/ogg/mp3 bytes); optional `language`, `task`, `prompt`, `timestamps`, `stream`,
+(any audio/video file FFmpeg decodes, through PyAV: wav, flac, mp3, ogg, opus, webm, m4a, mp4,
+...; bounded by max_audio_seconds); optional `language`, `task`, `prompt`, `timestamps`, `stream`,
 `sampling_parameters`, `lora_name`. Outputs per batch row: `text_output`, `language`, `segments`
 (JSON). Audio longer than 30 s is decoded in windows and stitched. Decoupled: one response per
 request, or a stream of partial texts with `stream`.

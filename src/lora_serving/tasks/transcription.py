@@ -9,6 +9,11 @@ as openai-whisper's `detect_language` does. With `timestamps`,
 <|notimestamps|> is left out and the engine applies Whisper's timestamp rules
 (`whisper_timestamps`), so the output carries segment times.
 
+`hotwords` and `prefix` (sampling_parameters keys) go where faster-whisper's `get_prompt` puts
+them: hotwords after <|startofprev|> (before any previous text) wherever no prefix is given, the
+prefix after the task tokens of the first window:
+    [<|startofprev|> [hotwords] [previous text]] <|startoftranscript|> ... [prefix]
+
 Previous text reaches Whisper in the form it was trained on (<|startofprev|> first), as
 openai-whisper and transformers' `generate(prompt_ids=...)` send it: our vLLM plugin
 (vllm_plugin/whisper_decoder_prompt) stops vLLM 0.32 from putting another <|startoftranscript|>
@@ -195,6 +200,12 @@ class TranscriptionTask:
             rule=options["beam_rule"],
         )
         self._check_beam(beam, timestamps, suppressed)
+        prefix_ids = self._text_ids(options["prefix"])
+        if prefix_ids and timestamps:
+            raise InvalidRequest(
+                "'prefix' is not supported with timestamps=true (send it without timestamps, "
+                "or use 'prompt' / 'hotwords')"
+            )
         job = GenerationJob(
             prompt=None,
             sampling=sampling,
@@ -205,6 +216,8 @@ class TranscriptionTask:
                 "task": task,
                 "timestamps": timestamps,
                 "previous_ids": self._previous_ids(raw.string("prompt", row) or ""),
+                "hotword_ids": self._text_ids(options["hotwords"]),
+                "prefix_ids": prefix_ids,
                 "suppressed": suppressed,
                 "quality": QualityRules.from_options(options),
                 "beam": beam,
@@ -282,6 +295,13 @@ class TranscriptionTask:
         ids = self.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
         return ids[-(self.max_model_len // 2 - 1) :]
 
+    def _text_ids(self, text: str | None) -> list[int]:
+        """hotwords / prefix as tokens, cut to half the context (faster-whisper's get_prompt)."""
+        if not text or not text.strip():
+            return []
+        ids = self.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
+        return ids[: self.max_model_len // 2 - 1]
+
     def _set_prompts(self, job: GenerationJob, language: str) -> None:
         """The decoder prompt's task part and the sampling every window of the row uses."""
         context = job.context
@@ -306,12 +326,16 @@ class TranscriptionTask:
             sampling["extra_args"] = {EXTRA_ARG: rules.as_extra_arg()}
         context.update(language=language, task_ids=task_ids, window_sampling=sampling, rules=rules)
 
-    def _decoder_ids(self, job: GenerationJob, previous: list[int]) -> list[int]:
-        """[<|startofprev|> previous text] <|startoftranscript|> <|xx|> <|task|> [...]"""
+    def _decoder_ids(self, job: GenerationJob, previous: list[int], *, first: bool) -> list[int]:
+        """faster-whisper's get_prompt: [<|startofprev|> [hotwords] [previous text]]
+        <|startoftranscript|> <|xx|> <|task|> [<|notimestamps|>] [prefix, first window only]"""
+        prefix = job.context["prefix_ids"] if first else []
+        hotwords = [] if prefix else job.context["hotword_ids"]
         ids = []
-        if previous:
-            ids = [self.special["startofprev"], *previous[-(self.max_model_len // 2 - 1) :]]
-        return ids + job.context["task_ids"]
+        if previous or hotwords:
+            previous = previous[-(self.max_model_len // 2 - 1) :] if previous else []
+            ids = [self.special["startofprev"], *hotwords, *previous]
+        return ids + job.context["task_ids"] + prefix
 
     def _window_sampling(self, job: GenerationJob, ids: list[int], temperature: float) -> dict:
         # Without our plugin vLLM adds <|startoftranscript|> in front of a prompt that lacks it.
@@ -322,6 +346,21 @@ class TranscriptionTask:
         )
         return sampling
 
+    @staticmethod
+    def _windows(job: GenerationJob) -> list[audio.AudioWindow]:
+        """The row's windows without timestamps: VAD's speech windows, else 30 s cuts."""
+        context = job.context
+        if not context.get("speech_windows") and "windows" not in context:
+            context["windows"] = audio.split_windows(context["samples"])
+        return context.get("speech_windows") or context["windows"]
+
+    def _first_window(self, job: GenerationJob) -> np.ndarray | None:
+        """The samples of the row's first window without timestamps (the one `prefix` starts),
+        None with timestamps (windows come one by one from seek 0: the first call is it)."""
+        if job.context["timestamps"]:
+            return None
+        return self._windows(job)[0].samples
+
     def _prompt_kept(self) -> bool:
         """Whether our plugin keeps decoder prompts as given (asked once: it does not change
         once the engine runs)."""
@@ -330,10 +369,18 @@ class TranscriptionTask:
         return self._decoder_prompt_kept
 
     def request_for(
-        self, job: GenerationJob, samples: np.ndarray, previous: list[int] | None = None
+        self,
+        job: GenerationJob,
+        samples: np.ndarray,
+        previous: list[int] | None = None,
+        *,
+        first: bool = True,
     ) -> tuple[dict, dict]:
-        """The engine request (prompt, sampling) of a window's first decoding attempt."""
-        ids = self._decoder_ids(job, job.context["previous_ids"] if previous is None else previous)
+        """The engine request (prompt, sampling) of a window's first decoding attempt (`first`:
+        the row's first window, which takes the prefix)."""
+        ids = self._decoder_ids(
+            job, job.context["previous_ids"] if previous is None else previous, first=first
+        )
         temperature = job.context["quality"].temperatures[0]
         return _whisper_prompt(samples, ids), self._window_sampling(job, ids, temperature)
 
@@ -355,11 +402,17 @@ class TranscriptionTask:
         context = job.context
         separator = "" if context["language"] in self.no_space_languages else " "
         windows = iter(range(1_000_000))
+        first_window = self._first_window(job)  # seeking: whichever comes first (seek 0)
 
         def window_decoder(samples: np.ndarray, previous: list[int] | None = None):
+            nonlocal first_window
+            first = first_window is None or samples is first_window
+            first_window = samples if first_window is None else first_window
             if is_digital_silence(samples):
                 return silent_window(context["outcomes"])
-            ids = self._decoder_ids(job, context["previous_ids"] if previous is None else previous)
+            ids = self._decoder_ids(
+                job, context["previous_ids"] if previous is None else previous, first=first
+            )
             name = f"{context['nonce']}-{next(windows)}"  # shared by the window's requests
             quality = context["quality"]
             probe = None
@@ -369,8 +422,9 @@ class TranscriptionTask:
             return decode_window(attempt, probe, quality, outcomes=context["outcomes"])
 
         if not context["timestamps"]:
-            speech = context.get("speech_windows") or audio.split_windows(context["samples"])
-            return decode_windows(speech, decode_window=window_decoder, separator=separator)
+            return decode_windows(
+                self._windows(job), decode_window=window_decoder, separator=separator
+            )
         return decode_seeking(
             context["samples"],
             decode_window=window_decoder,

@@ -18,6 +18,14 @@ openai-whisper's `transcribe()` quality loop (whisper_quality):
 - `condition_on_previous_text` (true): with timestamps, each window's decoder prompt carries the
   text before it.
 
+Text given to the decoder, as faster-whisper builds its prompt (`WhisperModel.get_prompt`):
+- `hotwords` (null): hint words or phrases, put after <|startofprev|> and before the previous
+  text (`prompt`, or the windows said before with timestamps) in every window whose prompt has
+  no `prefix`; its tokens are cut to half the context (as the previous text is);
+- `prefix` (null): the start of the transcript, put after the task tokens of the first window
+  only, so decoding continues from it; the transcript holds what follows it (openai-whisper's
+  and faster-whisper's result tokens start after the prompt). Not with timestamps.
+
 Beam search (whisper_beam): `beam_size` (1: greedy), `patience` (1.0), `length_penalty` (1.0),
 `beam_rule` ("faster-whisper", the default: CTranslate2's search as faster-whisper runs it, with
 openai-whisper's meaning of `patience`, also with timestamps; "transformers": equal to
@@ -48,6 +56,8 @@ DEFAULTS = {
     "patience": 1.0,
     "length_penalty": 1.0,
     "beam_rule": FASTER_WHISPER,
+    "hotwords": None,
+    "prefix": None,
 }
 MAX_TEMPERATURES = 16
 
@@ -120,6 +130,8 @@ def task_fields(vocab_size: int) -> dict[str, Field]:
         "patience": ((int, float), lambda v: 1 <= v <= 10, "a number in [1, 10]"),
         "length_penalty": ((int, float), lambda v: 0 <= v <= 10, "a number in [0, 10]"),
         "beam_rule": ((str,), lambda v: v in BEAM_RULES, f"one of {', '.join(BEAM_RULES)}"),
+        "hotwords": ((str, type(None)), lambda v: True, "text, or null (none)"),
+        "prefix": ((str, type(None)), lambda v: True, "text, or null (none)"),
     }
 
 
