@@ -21,6 +21,7 @@ temperature until certain thresholds are hit", which is whisper_lora's default s
 import json
 from dataclasses import dataclass, field
 
+from lora_media.whisper_languages import LANGUAGES
 from lora_openai.errors import bad_request
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
@@ -42,34 +43,6 @@ _OPENAI_FIELDS = {
     "chunking_strategy",  # whisper_lora always decodes in 30 s windows
 }
 _TEXT_OPTIONS = {"hotwords", "prefix"}  # decoding options that are text, never JSON
-
-# Whisper's languages (code -> the name OpenAI's verbose_json gives as `language`): openai-whisper's
-# table, as lora_serving.tasks.whisper_languages has it (a unit test keeps them equal; the front
-# never imports the serving core). A request's `language` goes to whisper_lora as given: the model
-# takes any of its languages by code or by name ("de", "german", "cantonese").
-LANGUAGES = {
-    "en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ru": "russian",
-    "ko": "korean", "fr": "french", "ja": "japanese", "pt": "portuguese", "tr": "turkish",
-    "pl": "polish", "ca": "catalan", "nl": "dutch", "ar": "arabic", "sv": "swedish",
-    "it": "italian", "id": "indonesian", "hi": "hindi", "fi": "finnish", "vi": "vietnamese",
-    "he": "hebrew", "uk": "ukrainian", "el": "greek", "ms": "malay", "cs": "czech",
-    "ro": "romanian", "da": "danish", "hu": "hungarian", "ta": "tamil", "no": "norwegian",
-    "th": "thai", "ur": "urdu", "hr": "croatian", "bg": "bulgarian", "lt": "lithuanian",
-    "la": "latin", "mi": "maori", "ml": "malayalam", "cy": "welsh", "sk": "slovak",
-    "te": "telugu", "fa": "persian", "lv": "latvian", "bn": "bengali", "sr": "serbian",
-    "az": "azerbaijani", "sl": "slovenian", "kn": "kannada", "et": "estonian",
-    "mk": "macedonian", "br": "breton", "eu": "basque", "is": "icelandic", "hy": "armenian",
-    "ne": "nepali", "mn": "mongolian", "bs": "bosnian", "kk": "kazakh", "sq": "albanian",
-    "sw": "swahili", "gl": "galician", "mr": "marathi", "pa": "punjabi", "si": "sinhala",
-    "km": "khmer", "sn": "shona", "yo": "yoruba", "so": "somali", "af": "afrikaans",
-    "oc": "occitan", "ka": "georgian", "be": "belarusian", "tg": "tajik", "sd": "sindhi",
-    "gu": "gujarati", "am": "amharic", "yi": "yiddish", "lo": "lao", "uz": "uzbek",
-    "fo": "faroese", "ht": "haitian creole", "ps": "pashto", "tk": "turkmen", "nn": "nynorsk",
-    "mt": "maltese", "sa": "sanskrit", "lb": "luxembourgish", "my": "myanmar", "bo": "tibetan",
-    "tl": "tagalog", "mg": "malagasy", "as": "assamese", "tt": "tatar", "haw": "hawaiian",
-    "ln": "lingala", "ha": "hausa", "ba": "bashkir", "jw": "javanese", "su": "sundanese",
-    "yue": "cantonese",
-}  # fmt: skip
 
 
 @dataclass(frozen=True)

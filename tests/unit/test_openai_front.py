@@ -68,9 +68,6 @@ def test_transcription_form_maps_to_whisper_inputs():
 
 
 def test_every_whisper_language_passes_through_by_code_or_name():
-    from lora_serving.tasks import whisper_languages
-
-    assert audio.LANGUAGES == whisper_languages.LANGUAGES  # the same 100, in the same order
     for language in ("cantonese", "yue", "Javanese", "haw"):
         request = audio.parse_form("transcribe", form(language=language), b"RIFF")
         assert request.triton_fields()["language"] == language  # whisper_lora resolves it

@@ -1,8 +1,7 @@
 """Whisper's languages: codes, names and the ones a served model has.
 
-The tables are openai-whisper's (`whisper/tokenizer.py`, release 20250625: LANGUAGES in its token
-order, TO_LANGUAGE_CODE's aliases), written out here: openai-whisper itself is not installed in the
-served environment. Which languages a model takes comes from the model itself (its
+The tables are openai-whisper's (lora_media.whisper_languages, shared with the OpenAI front).
+Which languages a model takes comes from the model itself (its
 generation_config's `lang_to_id`, else its tokenizer's language tokens): 99 for whisper-base,
 100 (with `yue`) for large-v3. A request names one by code or by name, as openai-whisper and
 faster-whisper accept: "de", "german", "cantonese" -> "yue", "javanese" -> "jw", "castilian" ->
@@ -12,48 +11,10 @@ faster-whisper accept: "de", "german", "cantonese" -> "yue", "javanese" -> "jw",
 import json
 from pathlib import Path
 
+from lora_media.whisper_languages import LANGUAGES, TO_LANGUAGE_CODE
 from lora_serving.errors import ConfigError, InvalidRequest
 
-# code -> name, in the order of Whisper's language tokens (<|en|> is the first).
-LANGUAGES = {
-    "en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ru": "russian",
-    "ko": "korean", "fr": "french", "ja": "japanese", "pt": "portuguese", "tr": "turkish",
-    "pl": "polish", "ca": "catalan", "nl": "dutch", "ar": "arabic", "sv": "swedish",
-    "it": "italian", "id": "indonesian", "hi": "hindi", "fi": "finnish", "vi": "vietnamese",
-    "he": "hebrew", "uk": "ukrainian", "el": "greek", "ms": "malay", "cs": "czech",
-    "ro": "romanian", "da": "danish", "hu": "hungarian", "ta": "tamil", "no": "norwegian",
-    "th": "thai", "ur": "urdu", "hr": "croatian", "bg": "bulgarian", "lt": "lithuanian",
-    "la": "latin", "mi": "maori", "ml": "malayalam", "cy": "welsh", "sk": "slovak", "te": "telugu",
-    "fa": "persian", "lv": "latvian", "bn": "bengali", "sr": "serbian", "az": "azerbaijani",
-    "sl": "slovenian", "kn": "kannada", "et": "estonian", "mk": "macedonian", "br": "breton",
-    "eu": "basque", "is": "icelandic", "hy": "armenian", "ne": "nepali", "mn": "mongolian",
-    "bs": "bosnian", "kk": "kazakh", "sq": "albanian", "sw": "swahili", "gl": "galician",
-    "mr": "marathi", "pa": "punjabi", "si": "sinhala", "km": "khmer", "sn": "shona",
-    "yo": "yoruba", "so": "somali", "af": "afrikaans", "oc": "occitan", "ka": "georgian",
-    "be": "belarusian", "tg": "tajik", "sd": "sindhi", "gu": "gujarati", "am": "amharic",
-    "yi": "yiddish", "lo": "lao", "uz": "uzbek", "fo": "faroese", "ht": "haitian creole",
-    "ps": "pashto", "tk": "turkmen", "nn": "nynorsk", "mt": "maltese", "sa": "sanskrit",
-    "lb": "luxembourgish", "my": "myanmar", "bo": "tibetan", "tl": "tagalog", "mg": "malagasy",
-    "as": "assamese", "tt": "tatar", "haw": "hawaiian", "ln": "lingala", "ha": "hausa",
-    "ba": "bashkir", "jw": "javanese", "su": "sundanese", "yue": "cantonese",
-}  # fmt: skip
-
-# name -> code: every name above, and openai-whisper's aliases.
-TO_LANGUAGE_CODE = {
-    **{name: code for code, name in LANGUAGES.items()},
-    "burmese": "my",
-    "valencian": "ca",
-    "flemish": "nl",
-    "haitian": "ht",
-    "letzeburgesch": "lb",
-    "pushto": "ps",
-    "panjabi": "pa",
-    "moldavian": "ro",
-    "moldovan": "ro",
-    "sinhalese": "si",
-    "castilian": "es",
-    "mandarin": "zh",
-}
+__all__ = ["LANGUAGES", "TO_LANGUAGE_CODE", "model_languages", "resolve"]
 
 
 def model_languages(model_dir: Path, tokenizer) -> dict[str, int]:
