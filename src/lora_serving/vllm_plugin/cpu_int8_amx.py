@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from lora_serving.vllm_plugin.wrapping import replace_methods
+
 KERNEL_MODULE = "vllm.model_executor.kernels.linear.scaled_mm.cpu"
 KERNEL_CLASS = "CPUInt8ScaledMMLinearKernel"
 SGL_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
@@ -55,11 +57,4 @@ def apply() -> bool:
             f"{KERNEL_MODULE}.{KERNEL_CLASS} has no {missing or '_apply_weights_onednn'}: "
             "re-check cpu_int8_amx"
         )
-    changed = False
-    for name, (key, patch) in PATCHES.items():
-        if getattr(kernel, name) is not patch:
-            _ORIGINAL[key] = getattr(kernel, name)
-            # Bound per layer when its weights are processed, after this runs.
-            setattr(kernel, name, patch)
-            changed = True
-    return changed
+    return replace_methods(kernel, PATCHES, _ORIGINAL)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from lora_serving.dtype_choice import cpu_flags
+from lora_serving.vllm_plugin.wrapping import replace_methods
 
 KERNEL_MODULE = "vllm.model_executor.kernels.linear.scaled_mm.cpu"
 KERNEL_CLASS = "CPUInt8ScaledMMLinearKernel"
@@ -80,11 +81,4 @@ def apply(machine: str | None = None, flags: frozenset[str] | None = None) -> bo
         raise RuntimeError(
             f"{KERNEL_MODULE}.{KERNEL_CLASS} has no {missing}: re-check cpu_int8_no_vnni"
         )
-    changed = False
-    for name, (key, patch) in PATCHES.items():
-        if getattr(kernel, name) is not patch:
-            _ORIGINAL[key] = getattr(kernel, name)
-            # Looked up per layer when its weights are processed, after this runs.
-            setattr(kernel, name, patch)
-            changed = True
-    return changed
+    return replace_methods(kernel, PATCHES, _ORIGINAL)

@@ -19,3 +19,18 @@ def wrap_method(cls: type, name: str, wrapper: Callable, originals: dict[str, An
     wrapper.__wrapped__ = current
     setattr(cls, name, wrapper)
     return True
+
+
+def replace_methods(
+    cls: type, patches: dict[str, tuple[str, Callable]], originals: dict[str, Any]
+) -> bool:
+    """Set each `name` of the class to its patch (`patches[name] = (key, patch)`), the function
+    it replaces kept in `originals[key]`; True if any was not already patched. The class's
+    methods are looked up per object afterwards, so objects made later take the patches."""
+    changed = False
+    for name, (key, patch) in patches.items():
+        if getattr(cls, name) is not patch:
+            originals[key] = getattr(cls, name)
+            setattr(cls, name, patch)
+            changed = True
+    return changed
