@@ -29,7 +29,7 @@ serve: setup
 
 # The whole suite: unit tests, engine tests and end-to-end tests through one real tritonserver.
 test: setup
-	@$(PY) -m pytest tests/unit tests/engine tests/e2e -ra
+	@$(PY) -m pytest tests/unit tests/engine tests/e2e -ra --durations=15
 
 test-unit: setup
 	@$(PY) -m pytest tests/unit -q
