@@ -354,13 +354,6 @@ class TranscriptionTask:
             context["windows"] = audio.split_windows(context["samples"])
         return context.get("speech_windows") or context["windows"]
 
-    def _first_window(self, job: GenerationJob) -> np.ndarray | None:
-        """The samples of the row's first window without timestamps (the one `prefix` starts),
-        None with timestamps (windows come one by one from seek 0: the first call is it)."""
-        if job.context["timestamps"]:
-            return None
-        return self._windows(job)[0].samples
-
     def _prompt_kept(self) -> bool:
         """Whether our plugin keeps decoder prompts as given (asked once: it does not change
         once the engine runs)."""
@@ -402,16 +395,16 @@ class TranscriptionTask:
         context = job.context
         separator = "" if context["language"] in self.no_space_languages else " "
         windows = iter(range(1_000_000))
-        first_window = self._first_window(job)  # seeking: whichever comes first (seek 0)
+        # The window `prefix` starts (prefix is refused with timestamps, so only without them).
+        first_window = None if context["timestamps"] else self._windows(job)[0].samples
 
         def window_decoder(samples: np.ndarray, previous: list[int] | None = None):
-            nonlocal first_window
-            first = first_window is None or samples is first_window
-            first_window = samples if first_window is None else first_window
             if is_digital_silence(samples):
                 return silent_window(context["outcomes"])
             ids = self._decoder_ids(
-                job, context["previous_ids"] if previous is None else previous, first=first
+                job,
+                context["previous_ids"] if previous is None else previous,
+                first=samples is first_window,
             )
             name = f"{context['nonce']}-{next(windows)}"  # shared by the window's requests
             quality = context["quality"]
