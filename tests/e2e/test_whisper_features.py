@@ -430,7 +430,9 @@ def test_an_oversized_flac_is_refused_with_bounded_memory_while_others_are_serve
     """1.2 MB of FLAC holding 2 h of 48 kHz stereo silence (2.7 GB decoded): refused from its
     header, and with a header that claims 10 s, refused once its decoding passes the 1800 s
     limit; the stub's RSS meanwhile grows by less than the limit's worth of 16 kHz float32
-    (115 MB) resp. that plus small overhead; a request already in flight is served."""
+    (115 MB) resp. that plus small overhead; a request already in flight is served, and one
+    sent while the lying file decodes (seconds) is answered before it: decoding runs in a planner
+    thread, not in execute(), so it holds no other request back."""
     import threading
     import time
 
@@ -471,9 +473,21 @@ def test_an_oversized_flac_is_refused_with_bounded_memory_while_others_are_serve
     started = time.monotonic()
     honest_growth, refused = peak_growth(lambda: grpc_one(grpc_url, MODEL, {"audio_file": honest}))
     honest_s = time.monotonic() - started
+    finished: list[str] = []
+    short = {**fields, "sampling_parameters": sampling(max_tokens=2)}
+
+    def sent_during_the_decode():
+        time.sleep(0.3)
+        served.update(short=grpc_one(grpc_url, MODEL, short))
+        finished.append("short")
+
+    behind = threading.Thread(target=sent_during_the_decode)
+    behind.start()
     lying_growth, refused_lying = peak_growth(
         lambda: grpc_one(grpc_url, MODEL, {"audio_file": lying})
     )
+    finished.append("lying")
+    behind.join()
     in_flight.join()
     print(
         f"\n2 h FLAC refused in {honest_s:.2f} s, stub RSS +{honest_growth / 1e6:.1f} MB; "
@@ -488,6 +502,8 @@ def test_an_oversized_flac_is_refused_with_bounded_memory_while_others_are_serve
     assert honest_growth < limit_bytes and honest_s < 5
     assert lying_growth < limit_bytes + 32_000_000
     assert served["one"].error is None and served["one"].text == expected.text
+    assert served["short"].error is None and served["short"].text, served["short"]
+    assert finished == ["short", "lying"], "a request waited for another's decoding"
 
 
 # ---- hotwords and prefix ---------------------------------------------------------------------

@@ -1,13 +1,15 @@
 """What a model.py delegates to: load settings/adapters/engine, answer requests, shut down.
 
-Request flow: execute -> submit_all: each request is decoded at once (a bad one is answered with
-its error and the others go on), then its jobs run on the engine loop; every response goes out
+Request flow: execute -> submit_all: each request's tensors are read at once (a bad one is answered
+with its error and the others go on); on the engine loop its plan is built in a planner thread
+(media decoding takes seconds for a long file) and its jobs run; every response goes out
 through the request's RequestChannel, which gets exactly one FINAL and is never touched after it
 (triton/response_sender.py says why). A request carrying the `adapter_command` input is an
 operator's command to the adapter fleet (adapters.control), answered in text_output as JSON.
 """
 
 import asyncio
+import concurrent.futures
 import gc
 import json
 import locale
@@ -37,6 +39,7 @@ from lora_serving.triton.metrics import TritonMetrics
 from lora_serving.triton.response_sender import Outbox, RequestChannel
 
 COMMAND_INPUT = "adapter_command"
+PLANNER_THREADS = 2
 FLEET_START_TIMEOUT_S = 600.0
 CLOSED_MESSAGE = "the model was unloaded before this request finished; send it again"
 # Three threads of the stub take turns on the GIL: Triton's execute(), the engine loop and the
@@ -73,6 +76,12 @@ class ModelHost:
             logger.log_error, final_flag=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         )
         engine.watch(self._engine_died)
+        # Two threads: a long file's decoding holds one, the other plans the requests behind it;
+        # at most two requests' decoded media are assembled at once (each bounded by
+        # max_audio_seconds). The tokenizer is only read there, as the engine loop reads it.
+        self._planner = concurrent.futures.ThreadPoolExecutor(
+            PLANNER_THREADS, thread_name_prefix="planner"
+        )
 
     @classmethod
     def from_args(cls, args: dict, *, task: str) -> "ModelHost":
@@ -136,17 +145,32 @@ class ModelHost:
                     if raw.has(COMMAND_INPUT):
                         self._submit_command(raw, channel)
                         continue
-                    plan = self.task.build_plan(raw)
                     self.engine.check_available()  # before any work is queued
                 except Exception as err:
-                    if not isinstance(err, ServingError):
-                        self._log_unexpected(err)
-                    self.metrics.record(RequestRefused(UNKNOWN_LABEL))
-                    channel.send(error_response(err), final=True)
+                    self._refuse(err, channel)
                     continue
-                jobs.append(self._serve(plan, channel, _timeout_s(request)))
+                jobs.append(self._plan_then_serve(raw, channel, _timeout_s(request)))
         finally:  # the requests taken so far run even if a later one raises
             self.engine.submit_all(jobs)
+
+    def _refuse(self, err: Exception, channel: RequestChannel) -> None:
+        if not isinstance(err, ServingError):
+            self._log_unexpected(err)
+        self.metrics.record(RequestRefused(UNKNOWN_LABEL))
+        channel.send(error_response(err), final=True)
+
+    async def _plan_then_serve(self, raw: RawRequest, channel: RequestChannel, timeout_s) -> None:
+        # Planning decodes the request's media (an audio file at the duration limit takes
+        # seconds): in a planner thread, so that neither execute() (Triton's next batch) nor
+        # the engine loop (every other request's outputs) waits for it.
+        try:
+            plan = await asyncio.get_running_loop().run_in_executor(
+                self._planner, self.task.build_plan, raw
+            )
+        except Exception as err:
+            self._refuse(err, channel)
+            return
+        await self._serve(plan, channel, timeout_s)
 
     # ---- adapter commands --------------------------------------------------------------------
     def _submit_command(self, raw: RawRequest, channel: RequestChannel) -> None:
@@ -262,6 +286,7 @@ class ModelHost:
         except Exception as err:  # closing anyway
             self.logger.log_warn(f"{self.model_name}: stopping adapter rescans: {err!r}")
         self.engine.close()
+        self._planner.shutdown(wait=False, cancel_futures=True)
         self.fleet.close()
         self.responses.close(lambda: error_response(EngineUnavailable(CLOSED_MESSAGE)))
         self.metrics.close()
