@@ -60,9 +60,7 @@ def test_slugs_are_githubs():
 
 
 def test_every_doc_is_linked_from_the_readme():
-    linked = {
-        (REPO / target.split("#")[0]).resolve() for target in links(REPO / "README.md")
-    }
+    linked = {(REPO / target.split("#")[0]).resolve() for target in links(REPO / "README.md")}
     unlinked = [page.name for page in PAGES[1:] if page.resolve() not in linked]
     assert not unlinked, f"README.md links none of: {unlinked}"
 
