@@ -94,7 +94,7 @@ clean-models:
 # perf_analyzer workloads through tritonserver beside the same engine in-process and the
 # transformers pipeline, then word error rate vs faster-whisper (its own venv); writes
 # results/bench-<time>/report.md with PNG plots (results/latest links it). Options:
-# make bench BENCH_ARGS="--config my-gpu.json" or "--models wer" (README "Benchmarks").
+# make bench BENCH_ARGS="--config my-gpu.json" or "--models wer" (docs/bench.md).
 BENCH_ARGS ?=
 .PHONY: bench
 bench: setup

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-command, idempotent set-up of the CPU serving stack (see README "Install").
+# One-command, idempotent set-up of the CPU serving stack (see docs/models-serving.md, "What `make setup` does").
 # Each step prints [n/N] and skips itself when its result is already in place.
 set -euo pipefail
 cd "$(dirname "$0")/.."

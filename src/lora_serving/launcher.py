@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = list(args.extra)
     if not any(arg.startswith("--model-control-mode") for arg in extra):
         # Every model loads at start, and the repository API can reload one whose engine died
-        # (the model unloads itself then; README "Reliability"). Ports bind to 127.0.0.1 only.
+        # (the model unloads itself then; docs/reliability.md). Ports bind to 127.0.0.1 only.
         extra += ["--model-control-mode=explicit", "--load-model=*"]
     server = TritonServer(
         args.model_repository.resolve(),

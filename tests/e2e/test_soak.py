@@ -1,6 +1,6 @@
 """A short soak on the shared server: `make soak`'s mix (both models; base, alpha, beta; streamed
 and not) from two workers for 45 s after a 15 s warm-up: no errors, RSS growth under 5 %.
-The 10-minute run is `make soak` (README "Reliability")."""
+The 10-minute run is `make soak` (docs/reliability.md)."""
 
 from lora_serving import soak
 

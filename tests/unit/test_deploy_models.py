@@ -6,6 +6,7 @@ overrides), its LoRA limits through vLLM's LoRAConfig, and each config.pbtxt mus
 demo's interface, so a change there cannot leave the GPU variant behind.
 """
 
+import fnmatch
 import json
 import re
 from pathlib import Path
@@ -113,11 +114,19 @@ def test_instances_are_kind_model(model):
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_model_py_is_the_demo_one(model):
-    gpu = (GPU_REPO / model / "1" / "model.py").read_text()
-    assert gpu == (CPU_REPO / model / "1" / "model.py").read_text(), (
-        f"copy model_repository/{model}/1/model.py to model_repository_gpu/{model}/1/"
+def test_the_image_serves_the_demo_model_py(model):
+    """One model.py per model: the GPU repository has none of its own (no copy to drift), and the
+    image puts the CPU demo's into /models over the GPU repository, past .dockerignore."""
+    assert not (GPU_REPO / model / "1" / "model.py").exists(), (
+        f"model_repository_gpu/{model}/1/model.py: the image copies model_repository's; remove it"
     )
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    repository = dockerfile.index("COPY model_repository_gpu /models\n")
+    line = f"COPY model_repository/{model}/1/model.py /models/{model}/1/model.py\n"
+    assert dockerfile.find(line) > repository, f"docker/Dockerfile lacks, after /models: {line}"
+    ignored = (REPO / ".dockerignore").read_text().splitlines()
+    assert "!model_repository/*/1/model.py" in ignored
+    assert (CPU_REPO / model / "1" / "model.py").is_file()
 
 
 def locked(requirements: Path) -> dict[str, str]:
@@ -180,7 +189,8 @@ def test_dockerfile_copies_only_what_the_build_context_keeps():
     ]
     assert sources, "no COPY found"
     for source in sources:
-        assert source in kept, f"{source} is copied but .dockerignore leaves it out"
+        kept_by = [pattern for pattern in kept if fnmatch.fnmatchcase(source, pattern)]
+        assert kept_by, f"{source} is copied but .dockerignore leaves it out"
         assert (REPO / source).exists(), source
     assert "FROM nvcr.io/nvidia/tritonserver:${TRITON_VERSION}-py3" in dockerfile
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lora_serving.bench.config import BenchConfig
+from lora_serving.launcher import REPO_ROOT
 
 # Bench model kind -> (shipped Triton model, our task name)
 SHIPPED = {"whisper": ("whisper_lora", "transcription"), "qwen_vl": ("qwen_vl_lora", "vision_chat")}
@@ -92,6 +93,9 @@ def bench_model_json(
     return data
 
 
+MODEL_PY_SOURCE = REPO_ROOT / "model_repository"
+
+
 def _write_model(
     source: Path, shipped_name: str, out_repo: Path, name: str, model_json: dict
 ) -> Path:
@@ -105,7 +109,8 @@ def _write_model(
         raise ValueError(f"{source / shipped_name / 'config.pbtxt'} has no line {line}")
     renamed = config.replace(line, f'name: "{name}"', 1)
     (folder / "config.pbtxt").write_text(renamed)
-    shutil.copy2(source / shipped_name / "1" / "model.py", folder / "1" / "model.py")
+    # One model.py per model for every repository (model_repository_gpu/ has none of its own).
+    shutil.copy2(MODEL_PY_SOURCE / shipped_name / "1" / "model.py", folder / "1" / "model.py")
     (folder / "1" / "model.json").write_text(json.dumps(model_json, indent=2))
     return folder / "1"
 

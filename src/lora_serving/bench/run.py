@@ -641,7 +641,7 @@ def _parse_list(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Benchmarks of issue 7 (see README).")
+    parser = argparse.ArgumentParser(description="Benchmarks of issue 7 (see docs/bench.md).")
     parser.add_argument("--config", type=Path, help="JSON file with bench settings")
     parser.add_argument(
         "--models",

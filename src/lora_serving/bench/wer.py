@@ -231,7 +231,7 @@ def transcribe_faster_whisper(
     return json.loads(done.stdout)
 
 
-# A start that stalls (Triton sometimes never reports a loaded model: README "Tests") is
+# A start that stalls (Triton sometimes never reports a loaded model: tests/README.md) is
 # given up after this long and tried once more.
 STALLED_START_S = 360
 
