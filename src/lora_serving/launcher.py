@@ -172,6 +172,8 @@ class OpenAIFront:
         triton_metrics: int = 8002,
         host="127.0.0.1",
         log_path: Path | None = None,
+        api_keys_file: Path | None = None,
+        api_key: str | None = None,
     ):
         self.port, self.host = port, host
         self.log_path = log_path
@@ -189,7 +191,10 @@ class OpenAIFront:
                 host,
                 "--port",
                 str(port),
+                *(["--api-keys-file", str(api_keys_file)] if api_keys_file else []),
             ],
+            # A single key travels in the environment, never on a command line (ps shows those).
+            env={**os.environ, **({"LORA_OPENAI_API_KEY": api_key} if api_key else {})},
             stdout=self._log,
             stderr=subprocess.STDOUT if self._log else None,
             start_new_session=True,
@@ -269,6 +274,13 @@ def main(argv: list[str] | None = None) -> int:
         help="int8: models with a serving.int8_model (whisper_lora) load it, int8 linear "
         "layers; default: float",
     )
+    parser.add_argument(
+        "--api-keys-file",
+        type=Path,
+        default=os.environ.get("API_KEYS_FILE") or None,
+        help="the OpenAI front's API keys (lora-openai --api-keys-file); a single key: "
+        "$LORA_OPENAI_API_KEY; neither: no keys",
+    )
     parser.add_argument("extra", nargs="*", help="more tritonserver arguments (after --)")
     args = parser.parse_args(argv)
     extra = list(args.extra)
@@ -291,7 +303,12 @@ def main(argv: list[str] | None = None) -> int:
         seconds = server.wait_ready(timeout_s=900)
         openai = ""
         if args.openai_port:
-            front = OpenAIFront(args.grpc_port, args.openai_port, triton_metrics=args.metrics_port)
+            front = OpenAIFront(
+                args.grpc_port,
+                args.openai_port,
+                triton_metrics=args.metrics_port,
+                api_keys_file=args.api_keys_file,
+            )
             front.wait_listening()
             openai = f", OpenAI API {front.url}/v1"
         print(
