@@ -443,7 +443,8 @@ def test_endpoint_sources_are_read_before_the_first_request():
     calls = [r.dependant.call for r in app.routes if isinstance(r, fastapi.routing.APIRoute)]
     assert len(calls) >= 5
     cache = fastapi.routing._endpoint_context_cache
-    assert not any(id(call) in cache for call in calls)
+    for call in calls:  # ids of earlier tests' endpoints, collected since, may be reused
+        cache.pop(id(call), None)
     with TestClient(app):
         assert all(cache[id(call)].get("file", "").startswith(str(FRONT)) for call in calls)
 
