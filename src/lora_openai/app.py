@@ -43,6 +43,12 @@ class FrontSettings:
     models_ttl_s: float = 1.0
     api_key: str | None = None  # --api-key: one key, every model, admin (vLLM's flag)
     api_keys_file: Path | None = None  # --api-keys-file: named keys, scopes, limits (keys.py)
+    # Sent with the admin API's load / unload commands (the models' control token).
+    triton_control_token: str | None = None
+
+    def control_parameters(self) -> dict | None:
+        token = self.triton_control_token
+        return {"control_token": token} if token else None
 
 
 def sse(payload: dict | str) -> str:
@@ -168,7 +174,7 @@ def create_app(
             await gateway.close()
 
     app = FastAPI(title="lora-serving OpenAI API", lifespan=lifespan)
-    app.include_router(admin.router(state))
+    app.include_router(admin.router(state, settings.control_parameters()))
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, err: OpenAIError):

@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         allow_image_urls=args.allow_image_urls,
         api_key=args.api_key,
         api_keys_file=args.api_keys_file,
+        # Never a flag (command lines are public): the same variable tritonserver reads.
+        triton_control_token=os.environ.get("LORA_CONTROL_TOKEN") or None,
     )
     import uvicorn
 

@@ -10,6 +10,7 @@ also starts the OpenAI-compatible front, `lora-openai`, beside it: `OpenAIFront`
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -298,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         weights=args.weights,
     )
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
+    # The models' adapter control token (serving.adapters.control_token_env): one per run
+    # unless given; tritonserver and the front (its admin API) inherit it from here.
+    os.environ.setdefault("LORA_CONTROL_TOKEN", secrets.token_urlsafe(24))
     front = None
     try:
         seconds = server.wait_ready(timeout_s=900)
