@@ -1,7 +1,6 @@
 """Shared fixtures: the demo models, espeak-ng speech, and ONE real tritonserver per test run."""
 
 import os
-import secrets
 import shutil
 import socket
 import subprocess
@@ -18,9 +17,6 @@ DEMO = REPO / "demo_models"
 def pytest_configure(config):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # The models' adapter control token (serving.adapters.control_token_env): the test server
-    # inherits it, and lora_client's adapter_command sends it.
-    os.environ.setdefault("LORA_CONTROL_TOKEN", secrets.token_urlsafe(24))
 
 
 @pytest.fixture(scope="session")

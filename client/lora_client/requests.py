@@ -227,6 +227,12 @@ def send(
 CONTROL_TOKEN_VARIABLE = "LORA_CONTROL_TOKEN"
 
 
+def control_parameters(token: str | None = None) -> dict | None:
+    """Request parameters carrying the adapter control token (default: $LORA_CONTROL_TOKEN)."""
+    token = token if token is not None else os.environ.get(CONTROL_TOKEN_VARIABLE)
+    return {"control_token": token} if token else None
+
+
 def adapter_command(
     url: str,
     protocol: str,
@@ -240,8 +246,7 @@ def adapter_command(
     return its JSON answer; RequestError carries a refusal's message. `token` (default: the
     environment's $LORA_CONTROL_TOKEN) goes as the `control_token` request parameter: load and
     unload need it where the model names a control token (serving.adapters.control_token_env)."""
-    token = token if token is not None else os.environ.get(CONTROL_TOKEN_VARIABLE)
-    parameters = {"control_token": token} if token else None
+    parameters = control_parameters(token)
     fields = {"adapter_command": command}
     if protocol == "grpc":
         replies = list(grpc_stream(url, model, fields, parameters, timeout_s=timeout_s))

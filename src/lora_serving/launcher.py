@@ -23,6 +23,7 @@ from pathlib import Path
 from lora_serving import dtype_choice, weights_choice
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+CONTROL_TOKEN_VARIABLE = "LORA_CONTROL_TOKEN"  # model_repository's control_token_env
 TRITON_DIR = REPO_ROOT / ".triton"
 
 
@@ -87,6 +88,10 @@ class TritonServer:
         model.json's, unless the caller's environment sets LORA_SERVING_DTYPE. `weights`: float
         or int8 (lora_serving.weights_choice); None: LORA_SERVING_WEIGHTS or float."""
         self.http, self.grpc, self.metrics = http, grpc, metrics
+        # The models' adapter control token (serving.adapters.control_token_env): one per
+        # process unless given. tritonserver inherits it, and so do this process's own clients
+        # (lora_client's adapter_command, benches) and the front it starts (its admin API).
+        os.environ.setdefault(CONTROL_TOKEN_VARIABLE, secrets.token_urlsafe(24))
         environment = server_environment()
         if dtype is not None:
             environment[dtype_choice.VARIABLE] = dtype
@@ -299,9 +304,6 @@ def main(argv: list[str] | None = None) -> int:
         weights=args.weights,
     )
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
-    # The models' adapter control token (serving.adapters.control_token_env): one per run
-    # unless given; tritonserver and the front (its admin API) inherit it from here.
-    os.environ.setdefault("LORA_CONTROL_TOKEN", secrets.token_urlsafe(24))
     front = None
     try:
         seconds = server.wait_ready(timeout_s=900)
