@@ -246,7 +246,9 @@ def create_app(
             model,
             caller,
         )
-        log.info("%s model=%s format=%s", task, model.id, parsed.response_format)
+        log.info(
+            "%s key=%s model=%s format=%s", task, caller.name, model.id, parsed.response_format
+        )
         if not parsed.stream:
             outputs = await final_outputs(request, replies)
             media_type, body = audio.render(parsed, outputs)
@@ -332,7 +334,13 @@ def create_app(
             model,
             caller,
         )
-        log.info("chat model=%s stream=%s images=%d", model.id, parsed.stream, len(images))
+        log.info(
+            "chat key=%s model=%s stream=%s images=%d",
+            caller.name,
+            model.id,
+            parsed.stream,
+            len(images),
+        )
 
         def used(prompt_tokens: int, completion_tokens: int) -> None:
             tenancy.usage.tokens(caller.name, model.id, prompt_tokens, completion_tokens)
