@@ -198,14 +198,23 @@ def test_changes_need_the_control_token_and_listing_without_it_shows_names_only(
     assert parse_command("load a", control="full").authorized  # no token configured: as before
 
     class Fleet:
+        enabled = True
+
         async def describe(self):
             return {"adapters": [{"name": "a", "path": "/srv/a"}], "roots": ["/srv"]}
+
+        async def rescan(self):
+            from lora_serving.adapters.fleet import ScanReport
+
+            return ScanReport(added=["a"], refused={"b": "/srv/b: pickle"}, problems=["/srv/c"])
 
     anonymous = parse_command("list", control="full", token=token)
     assert not anonymous.authorized
     assert asyncio.run(run_command(Fleet(), anonymous)) == {"adapters": [{"name": "a"}]}
     owner = parse_command("list", control="full", token=token, presented="s3cret")
     assert asyncio.run(run_command(Fleet(), owner))["roots"] == ["/srv"]
+    rescan = asyncio.run(run_command(Fleet(), parse_command("rescan", control="full", token=token)))
+    assert rescan["added"] == ["a"] and "/srv" not in json.dumps(rescan)
 
 
 # ---- metric helpers ----------------------------------------------------------------------------

@@ -14,8 +14,8 @@ JSON. Any Triton client can send it: tritonclient over gRPC, or HTTP's generate 
 model.json `serving.adapters.control` decides what is allowed: "off", "list" (list and rescan:
 they only read what the operator already put in place) or "full". With
 `serving.adapters.control_token_env` set, `load` and `unload` are refused unless the request
-carries that variable's token as its `control_token` parameter, and `list` without the token
-answers names only: then "full" is safe on a port tenants reach.
+carries that variable's token as its `control_token` parameter, and `list` and `rescan` without
+the token answer names only: then "full" is safe on a port tenants reach.
 """
 
 import hashlib
@@ -126,7 +126,12 @@ async def run_command(fleet, command: AdapterCommand) -> dict[str, Any]:
     if not fleet.enabled:
         raise InvalidRequest("LoRA is disabled for this model (enable_lora in model.json)")
     if command.verb == "rescan":
-        return (await fleet.rescan()).as_dict()
+        report = (await fleet.rescan()).as_dict()
+        if not command.authorized:  # names only: reasons and problems may show paths
+            hidden = "refused (the reason is listed for requests with the control token)"
+            report["refused"] = dict.fromkeys(report.get("refused", {}), hidden)
+            report["problems"] = []
+        return report
     if command.verb == "load":
         return await fleet.load(*command.args)
     return await fleet.unload(*command.args)
