@@ -25,7 +25,8 @@ setup:
 serve: setup
 	@$(PY) -m lora_serving.launcher --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
 		--metrics-port $(METRICS_PORT) --openai-port $(OPENAI_PORT) \
-		$(if $(DTYPE),--dtype $(DTYPE)) $(if $(WEIGHTS),--weights $(WEIGHTS))
+		$(if $(DTYPE),--dtype $(DTYPE)) $(if $(WEIGHTS),--weights $(WEIGHTS)) \
+		$(if $(API_KEYS_FILE),--api-keys-file $(API_KEYS_FILE))
 
 # The whole suite: unit tests, engine tests and end-to-end tests through one real tritonserver.
 test: setup

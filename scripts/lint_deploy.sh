@@ -26,7 +26,7 @@ CACHE=${LORA_SERVING_CACHE:-$HOME/.cache/lora-serving}
 TOOLS=$CACHE/lint-tools
 # Kubernetes versions the manifests are checked against (kubernetes-validate ships 1.25-1.37).
 KUBE_VERSIONS=(1.30.0 1.37.0)
-MANIFESTS=(k8s/pvc.yaml k8s/deployment.yaml k8s/service.yaml k8s/hpa.yaml
+MANIFESTS=(k8s/pvc.yaml k8s/deployment.yaml k8s/service.yaml k8s/networkpolicy.yaml k8s/hpa.yaml
   k8s/inference-gateway/epp.yaml)
 # Custom resources: manifest=schema (InferencePool: gateway-api-inference-extension v1.6.0;
 # HTTPRoute: Gateway API v1.6.1).

@@ -80,7 +80,10 @@ def _print_listing(listing: dict) -> None:
     print(f"{listing['model']} ({limits})")
     rows = [("NAME", "STATE", "RANK", "VERSION", "SOURCE", "PATH")]
     rows += [
-        (a["name"], a["state"], str(a["rank"]), str(a["version"]), a["source"], a["path"])
+        # without the model's control token the listing has names only
+        tuple(
+            str(a.get(key, "-")) for key in ("name", "state", "rank", "version", "source", "path")
+        )
         for a in listing["adapters"]
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]

@@ -11,6 +11,7 @@ binary data (audio files, images) travels as base64, and request parameters such
 
 import base64
 import json
+import os
 import queue
 import urllib.error
 import urllib.request
@@ -223,10 +224,34 @@ def send(
         raise ValueError(f"protocol must be grpc or http, got {protocol!r}")
 
 
+CONTROL_TOKEN_VARIABLE = "LORA_CONTROL_TOKEN"
+
+
+def control_parameters(token: str | None = None) -> dict | None:
+    """Request parameters carrying the adapter control token (default: $LORA_CONTROL_TOKEN)."""
+    token = token if token is not None else os.environ.get(CONTROL_TOKEN_VARIABLE)
+    return {"control_token": token} if token else None
+
+
 def adapter_command(
-    url: str, protocol: str, model: str, command: str, *, timeout_s: float = 120
+    url: str,
+    protocol: str,
+    model: str,
+    command: str,
+    *,
+    timeout_s: float = 120,
+    token: str | None = None,
 ) -> dict:
     """Send an adapter command (list | rescan | load NAME [PATH] | unload NAME) to a model and
-    return its JSON answer; RequestError carries a refusal's message."""
-    replies = list(send(url, protocol, model, {"adapter_command": command}, timeout_s=timeout_s))
-    return json.loads(replies[-1].outputs["text_output"][0])
+    return its JSON answer; RequestError carries a refusal's message. `token` (default: the
+    environment's $LORA_CONTROL_TOKEN) goes as the `control_token` request parameter: load and
+    unload need it where the model names a control token (serving.adapters.control_token_env)."""
+    parameters = control_parameters(token)
+    fields = {"adapter_command": command}
+    if protocol == "grpc":
+        replies = list(grpc_stream(url, model, fields, parameters, timeout_s=timeout_s))
+        return json.loads(replies[-1].outputs["text_output"][0])
+    if protocol == "http":
+        events = list(http_generate(url, model, fields, parameters, timeout_s=timeout_s))
+        return json.loads(events[-1]["text_output"])
+    raise ValueError(f"protocol must be grpc or http, got {protocol!r}")

@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import fastapi.routing
@@ -20,11 +21,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lora_openai import audio, chat, picker_metrics
+from lora_openai import admin, audio, chat, picker_metrics
+from lora_openai.auth import ApiKeyAuth, Caller, Tenancy, caller_of, note_model
 from lora_openai.engine_load import TritonLoadReader
-from lora_openai.errors import OpenAIError, bad_request, unknown_model
+from lora_openai.errors import OpenAIError, bad_request
 from lora_openai.limits import BodySizeLimit
-from lora_openai.models import ModelCatalog
+from lora_openai.models import ModelCatalog, ModelId
 from lora_openai.triton import TritonGateway
 
 log = logging.getLogger("lora_openai")
@@ -39,6 +41,14 @@ class FrontSettings:
     allow_image_urls: bool = False  # fetch http(s) image_url parts (off: data URLs only)
     image_fetch_timeout_s: float = 10.0
     models_ttl_s: float = 1.0
+    api_key: str | None = None  # --api-key: one key, every model, admin (vLLM's flag)
+    api_keys_file: Path | None = None  # --api-keys-file: named keys, scopes, limits (keys.py)
+    # Sent with the admin API's load / unload commands (the models' control token).
+    triton_control_token: str | None = None
+
+    def control_parameters(self) -> dict | None:
+        token = self.triton_control_token
+        return {"control_token": token} if token else None
 
 
 def sse(payload: dict | str) -> str:
@@ -111,6 +121,20 @@ async def _errors_as_events(events: AsyncIterator[str], replies) -> AsyncIterato
         await replies.aclose()
 
 
+async def _scoped(replies, catalog: ModelCatalog, model: ModelId, caller: Caller):
+    """Triton's replies; an adapter Triton does not know (removed since it was listed) is
+    refused as the front refuses unknown ids, naming only the caller's own."""
+    try:
+        async for reply in replies:
+            yield reply
+    except OpenAIError as err:
+        if err.code == "model_not_found":
+            raise await catalog.not_found(model.id, caller.scope) from None
+        raise
+    finally:
+        await replies.aclose()
+
+
 def _read_endpoint_sources(app: FastAPI) -> None:
     """FastAPI reads each endpoint's source file on the endpoint's first request (to name it in
     error messages; cached after), on the event loop: on a busy machine the first transcription
@@ -127,8 +151,10 @@ def create_app(
     settings: FrontSettings,
     gateway_factory: Callable[[str], TritonGateway] = TritonGateway,
     load_reader_factory: Callable[[str], TritonLoadReader] = TritonLoadReader,
+    tenancy: Tenancy | None = None,
 ) -> FastAPI:
     state: dict = {}
+    tenancy = tenancy or Tenancy()
 
     async def lifespan(app):
         # Starlette's streamed responses run in an anyio task group, whose asyncio backend is
@@ -148,12 +174,13 @@ def create_app(
             await gateway.close()
 
     app = FastAPI(title="lora-serving OpenAI API", lifespan=lifespan)
+    app.include_router(admin.router(state, settings.control_parameters()))
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, err: OpenAIError):
         if err.status >= 500:
             log.warning("%s %s -> %s: %s", request.method, request.url.path, err.status, err)
-        return JSONResponse(err.body(), status_code=err.status)
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers())
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException):
@@ -175,20 +202,27 @@ def create_app(
         """The engines' load in the endpoint picker's protocol (llm-d Router / Gateway API
         Inference Extension); 503 while Triton's metrics cannot be read."""
         snapshot = await state["load"].read()
-        body = picker_metrics.render(snapshot.load, snapshot.read_at)
+        body = picker_metrics.render(snapshot.load, snapshot.read_at) + tenancy.usage.render()
         return Response(body, media_type=picker_metrics.CONTENT_TYPE)
 
     @app.get("/v1/models")
-    async def list_models():
-        return await state["catalog"].openai_list()
+    async def list_models(request: Request):
+        return await state["catalog"].openai_list(caller_of(request).scope)
 
     @app.get("/v1/models/{model_id:path}")
-    async def get_model(model_id: str):
-        for item in (await state["catalog"].openai_list())["data"]:
+    async def get_model(request: Request, model_id: str):
+        scope = caller_of(request).scope
+        for item in (await state["catalog"].openai_list(scope))["data"]:
             if item["id"] == model_id:
                 return item
-        listing = await state["catalog"].listing()
-        raise unknown_model(model_id, listing.ids())
+        raise await state["catalog"].not_found(model_id, scope)
+
+    async def admit(request: Request, model: str, family: str) -> tuple[Caller, ModelId]:
+        """The caller and the model it names, if the model is in its scope (404 otherwise)."""
+        caller = caller_of(request)
+        resolved = await state["catalog"].resolve(model, family, caller.scope)
+        note_model(request, resolved.id)
+        return caller, resolved
 
     async def speech(request: Request, task: str) -> Response:
         form = await request.form(max_files=1, max_fields=100)
@@ -201,11 +235,20 @@ def create_app(
             else:
                 items.append((name, value))
         parsed = audio.parse_form(task, items, audio_bytes)
-        model = await state["catalog"].resolve(parsed.model, "audio")
-        replies = state["gateway"].stream(
-            model.triton_model, parsed.triton_fields(), model.parameters
+        caller, model = await admit(request, parsed.model, "audio")
+        seconds = await asyncio.to_thread(audio.audio_duration, parsed.audio)
+        if caller.key is not None:
+            tenancy.limits.audio(caller.key, seconds or 0.0)
+        tenancy.usage.audio(caller.name, model.id, seconds or 0.0)
+        replies = _scoped(
+            state["gateway"].stream(model.triton_model, parsed.triton_fields(), model.parameters),
+            state["catalog"],
+            model,
+            caller,
         )
-        log.info("%s model=%s format=%s", task, model.id, parsed.response_format)
+        log.info(
+            "%s key=%s model=%s format=%s", task, caller.name, model.id, parsed.response_format
+        )
         if not parsed.stream:
             outputs = await final_outputs(request, replies)
             media_type, body = audio.render(parsed, outputs)
@@ -280,16 +323,35 @@ def create_app(
         except ValueError:
             raise bad_request("the request body is not valid JSON") from None
         parsed = chat.parse_request(body)
-        model = await state["catalog"].resolve(parsed.model, "chat")
+        caller, model = await admit(request, parsed.model, "chat")
         prompt = chat.build_prompt(parsed.messages)
         sampling = chat.sampling_parameters(parsed)
         images = await load_images(prompt.image_urls)
         fields = chat.triton_fields(prompt, images, sampling, stream=parsed.stream)
-        replies = state["gateway"].stream(model.triton_model, fields, model.parameters)
-        log.info("chat model=%s stream=%s images=%d", model.id, parsed.stream, len(images))
+        replies = _scoped(
+            state["gateway"].stream(model.triton_model, fields, model.parameters),
+            state["catalog"],
+            model,
+            caller,
+        )
+        log.info(
+            "chat key=%s model=%s stream=%s images=%d",
+            caller.name,
+            model.id,
+            parsed.stream,
+            len(images),
+        )
+
+        def used(prompt_tokens: int, completion_tokens: int) -> None:
+            tenancy.usage.tokens(caller.name, model.id, prompt_tokens, completion_tokens)
+            if caller.key is not None:
+                tenancy.limits.tokens(caller.key, prompt_tokens + completion_tokens)
+
         if not parsed.stream:
             outputs = await final_outputs(request, replies)
-            return JSONResponse(chat.completion(model.id, outputs))
+            answer = chat.completion(model.id, outputs)
+            used(answer["usage"]["prompt_tokens"], answer["usage"]["completion_tokens"])
+            return JSONResponse(answer)
         include_usage = bool((parsed.stream_options or {}).get("include_usage"))
         chunks = chat.ChunkStream(model.id, include_usage=include_usage)
         first = await until_disconnected(request, _first(replies))
@@ -303,6 +365,7 @@ def create_app(
                 if reply.final:
                     break
                 reply = await _first(replies)
+            used(chunks.prompt_tokens, chunks.completion_tokens)
             if include_usage:
                 yield sse(chunks.usage_chunk())
             yield sse("[DONE]")
@@ -312,6 +375,10 @@ def create_app(
     return app
 
 
-def build(settings: FrontSettings) -> BodySizeLimit:
-    """The ASGI application uvicorn serves: the app behind the body size limit."""
-    return BodySizeLimit(create_app(settings), max_bytes=settings.max_body_bytes)
+def build(settings: FrontSettings) -> ApiKeyAuth:
+    """The ASGI application uvicorn serves: keys checked first (a refused caller costs no body
+    read), then the body size limit, then the app."""
+    tenancy = Tenancy(api_key=settings.api_key, api_keys_file=settings.api_keys_file)
+    log.info("lora-openai: %s", tenancy.describe())
+    app = create_app(settings, tenancy=tenancy)
+    return ApiKeyAuth(BodySizeLimit(app, max_bytes=settings.max_body_bytes), tenancy)

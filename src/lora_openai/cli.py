@@ -2,11 +2,13 @@
 
 lora-openai --triton-url 127.0.0.1:8001 --port 9000 [--host 127.0.0.1] [--allow-image-urls]
             [--triton-metrics-url http://127.0.0.1:8002/metrics]
+            [--api-key KEY | --api-keys-file keys.yaml]
 """
 
 import argparse
 import logging
 import os
+from pathlib import Path
 
 from lora_openai.app import FrontSettings, MiB, build
 
@@ -34,6 +36,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="fetch http(s) image_url parts (default: data URLs / base64 only)",
     )
+    keys = parser.add_mutually_exclusive_group()
+    keys.add_argument(
+        "--api-key",
+        default=os.environ.get("LORA_OPENAI_API_KEY") or None,
+        help="one key (Authorization: Bearer KEY) for every model and the admin API, as "
+        "vLLM's flag; default $LORA_OPENAI_API_KEY (keeps it off the command line)",
+    )
+    keys.add_argument(
+        "--api-keys-file",
+        type=Path,
+        default=os.environ.get("LORA_OPENAI_API_KEYS_FILE") or None,
+        help="YAML file of named keys (SHA-256 digests), their model id patterns, limits and "
+        'admin flag; re-read when it changes (README "Tenants")',
+    )
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -44,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         triton_metrics_url=args.triton_metrics_url,
         max_body_bytes=int(args.max_body_mb * MiB),
         allow_image_urls=args.allow_image_urls,
+        api_key=args.api_key,
+        api_keys_file=args.api_keys_file,
+        # Never a flag (command lines are public): the same variable tritonserver reads.
+        triton_control_token=os.environ.get("LORA_CONTROL_TOKEN") or None,
     )
     import uvicorn
 

@@ -5,13 +5,17 @@ plain messages on the gRPC stream (the stream carries no status code), so they a
 by the wording our models use (lora_serving.errors, Triton's own messages).
 """
 
+import re
 from dataclasses import dataclass
 
 # HTTP status -> OpenAI's error `type` (as the OpenAI API and vLLM's server name them).
 _TYPES = {
     400: "invalid_request_error",
+    401: "invalid_request_error",  # as OpenAI: code "invalid_api_key"
+    403: "permission_error",
     404: "not_found_error",
     413: "invalid_request_error",
+    429: "rate_limit_error",
     499: "cancelled",
     500: "internal_server_error",
     503: "service_unavailable",
@@ -42,6 +46,9 @@ class OpenAIError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def headers(self) -> dict[str, str]:
+        return {}
+
     def body(self) -> dict:
         return {
             "error": {
@@ -67,9 +74,15 @@ def unknown_model(model: str, available: list[str]) -> OpenAIError:
     )
 
 
+# Triton's "unknown adapter 'x'; available: a, b, ..." names every adapter of the model: the
+# list is cut, whoever asks (the front answers unknown models itself, naming the caller's ids).
+_AVAILABLE = re.compile(r";\s*available:.*$", re.DOTALL)
+
+
 def from_triton(message: str) -> OpenAIError:
     """A Triton error message -> OpenAIError; anything not recognised is the client's (400),
     as our models report every bad input as INVALID_ARG with a message naming it."""
+    message = _AVAILABLE.sub("", message)
     lowered = message.lower()
     for fragment, status, code in _TRITON_MESSAGES:
         if fragment in lowered:

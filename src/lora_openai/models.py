@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from lora_openai.errors import OpenAIError, bad_request, unknown_model
+from lora_openai.keys import EVERYTHING, Scope
 from lora_openai.triton import TritonGateway
 
 # Triton model -> what it serves (the endpoint family that accepts it).
@@ -50,12 +51,14 @@ class Listing:
     adapters: dict[str, list[str] | None]
     taken_at: float
 
-    def ids(self) -> list[str]:
-        return [
+    def ids(self, scope: Scope = EVERYTHING) -> list[str]:
+        """The served ids the caller with `scope` may see."""
+        ids = (
             ModelId(model, adapter).id
             for model, names in self.adapters.items()
             for adapter in [None, *(names or [])]
-        ]
+        )
+        return [model_id for model_id in ids if scope.allows(model_id)]
 
     def serves(self, wanted: ModelId) -> bool:
         names = self.adapters.get(wanted.triton_model, [])
@@ -93,13 +96,22 @@ class ModelCatalog:
             adapters[model] = None if isinstance(answer, BaseException) else answer
         return Listing(adapters, now)
 
-    async def resolve(self, model: str, family: str) -> ModelId:
+    async def not_found(self, model: str, scope: Scope) -> OpenAIError:
+        """The 404 for `model`, naming only ids in the caller's scope: an id outside it gets
+        exactly the answer of an id that does not exist."""
+        try:
+            listing = await self.listing()
+        except OpenAIError:
+            return unknown_model(model, [])
+        return unknown_model(model, listing.ids(scope))
+
+    async def resolve(self, model: str, family: str, scope: Scope = EVERYTHING) -> ModelId:
         """The ModelId for a request to an endpoint of `family` ("audio" | "chat"):
-        404 for an id nobody serves, 400 for a model of the other family, 503 when the
-        Triton model exists but is not ready."""
+        404 for an id nobody serves or outside the caller's `scope`, 400 for a model of the
+        other family, 503 when the Triton model exists but is not ready."""
         wanted = parse_model_id(model)
-        if wanted.triton_model not in BASE_MODELS:
-            raise unknown_model(model, (await self.listing()).ids())
+        if wanted.triton_model not in BASE_MODELS or not scope.allows(wanted.id):
+            raise await self.not_found(model, scope)
         if BASE_MODELS[wanted.triton_model] != family:
             raise bad_request(
                 f"model '{model}' does not serve this endpoint; use one of the "
@@ -114,14 +126,14 @@ class ModelCatalog:
                 503, f"model '{wanted.triton_model}' is not ready on Triton", code="model_not_ready"
             )
         if not listing.serves(wanted):
-            raise unknown_model(model, listing.ids())
+            raise unknown_model(model, listing.ids(scope))
         return wanted
 
-    async def openai_list(self) -> dict:
+    async def openai_list(self, scope: Scope = EVERYTHING) -> dict:
         listing = await self.listing()
         created = int(time.time())
         data = []
-        for model_id in listing.ids():
+        for model_id in listing.ids(scope):
             parsed = parse_model_id(model_id)
             data.append(
                 {

@@ -10,6 +10,7 @@ also starts the OpenAI-compatible front, `lora-openai`, beside it: `OpenAIFront`
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 from lora_serving import dtype_choice, weights_choice
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+CONTROL_TOKEN_VARIABLE = "LORA_CONTROL_TOKEN"  # model_repository's control_token_env
 TRITON_DIR = REPO_ROOT / ".triton"
 
 
@@ -86,6 +88,10 @@ class TritonServer:
         model.json's, unless the caller's environment sets LORA_SERVING_DTYPE. `weights`: float
         or int8 (lora_serving.weights_choice); None: LORA_SERVING_WEIGHTS or float."""
         self.http, self.grpc, self.metrics = http, grpc, metrics
+        # The models' adapter control token (serving.adapters.control_token_env): one per
+        # process unless given. tritonserver inherits it, and so do this process's own clients
+        # (lora_client's adapter_command, benches) and the front it starts (its admin API).
+        os.environ.setdefault(CONTROL_TOKEN_VARIABLE, secrets.token_urlsafe(24))
         environment = server_environment()
         if dtype is not None:
             environment[dtype_choice.VARIABLE] = dtype
@@ -172,6 +178,8 @@ class OpenAIFront:
         triton_metrics: int = 8002,
         host="127.0.0.1",
         log_path: Path | None = None,
+        api_keys_file: Path | None = None,
+        api_key: str | None = None,
     ):
         self.port, self.host = port, host
         self.log_path = log_path
@@ -189,7 +197,10 @@ class OpenAIFront:
                 host,
                 "--port",
                 str(port),
+                *(["--api-keys-file", str(api_keys_file)] if api_keys_file else []),
             ],
+            # A single key travels in the environment, never on a command line (ps shows those).
+            env={**os.environ, **({"LORA_OPENAI_API_KEY": api_key} if api_key else {})},
             stdout=self._log,
             stderr=subprocess.STDOUT if self._log else None,
             start_new_session=True,
@@ -269,6 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         help="int8: models with a serving.int8_model (whisper_lora) load it, int8 linear "
         "layers; default: float",
     )
+    parser.add_argument(
+        "--api-keys-file",
+        type=Path,
+        default=os.environ.get("API_KEYS_FILE") or None,
+        help="the OpenAI front's API keys (lora-openai --api-keys-file); a single key: "
+        "$LORA_OPENAI_API_KEY; neither: no keys",
+    )
     parser.add_argument("extra", nargs="*", help="more tritonserver arguments (after --)")
     args = parser.parse_args(argv)
     extra = list(args.extra)
@@ -291,7 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         seconds = server.wait_ready(timeout_s=900)
         openai = ""
         if args.openai_port:
-            front = OpenAIFront(args.grpc_port, args.openai_port, triton_metrics=args.metrics_port)
+            front = OpenAIFront(
+                args.grpc_port,
+                args.openai_port,
+                triton_metrics=args.metrics_port,
+                api_keys_file=args.api_keys_file,
+            )
             front.wait_listening()
             openai = f", OpenAI API {front.url}/v1"
         print(

@@ -35,6 +35,10 @@ class AdapterOptions:
     base_model_names: tuple[str, ...] = ()
     # Where private copies of served adapters live (default: the system temp folder).
     snapshot_dir: Path | None = None
+    # The environment variable holding the token that `load` / `unload` commands must carry
+    # (request parameter `control_token`); None: no token, as before. Set but empty: no change
+    # is accepted. The token itself never goes into model.json.
+    control_token_env: str | None = None
 
     @classmethod
     def from_dict(cls, raw: Any, *, model_dir: Path) -> tuple["AdapterOptions", list[str]]:
@@ -67,6 +71,13 @@ class AdapterOptions:
             )
         else:
             values["control"] = control
+        token_env = raw.get("control_token_env")
+        if token_env is not None and not (isinstance(token_env, str) and token_env.isidentifier()):
+            problems.append(
+                "serving.adapters.control_token_env must be an environment variable's name"
+            )
+        elif token_env:
+            values["control_token_env"] = token_env
         snapshot_dir = raw.get("snapshot_dir")
         if snapshot_dir is not None and not (isinstance(snapshot_dir, str) and snapshot_dir):
             problems.append("serving.adapters.snapshot_dir must be a folder path")

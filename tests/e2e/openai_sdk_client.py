@@ -2,8 +2,10 @@
 
 Run with the SDK's own environment (scripts/openai_sdk.sh), never .venv:
     scripts/openai_sdk.sh tests/e2e/openai_sdk_client.py < plan.json
-plan: {"base_url": "http://127.0.0.1:9000/v1", "calls": [{"op": ..., "args": {...}}, ...]}.
+plan: {"base_url": "http://127.0.0.1:9000/v1", "calls": [{"op": ..., "args": {...}}, ...]};
+a call may carry "api_key" (sent as `Authorization: Bearer`; default "unused").
 Each result is {"ok": value} or {"error": {"status": HTTP status, "body": the response's JSON}}.
+Op "repeat" ({"times": N, "call": a call}) answers {HTTP status: count} of N calls.
 """
 
 import json
@@ -53,19 +55,38 @@ OPS = {
 }
 
 
+def run(clients, call: dict) -> dict:
+    key = call.get("api_key") or "unused"
+    if key not in clients:
+        clients[key] = openai.OpenAI(base_url=clients["base_url"], api_key=key, max_retries=0)
+    try:
+        return {"ok": OPS[call["op"]](clients[key], dict(call.get("args", {})))}
+    except openai.APIStatusError as err:
+        try:
+            raw = err.response.json()
+        except ValueError:
+            raw = err.response.text
+        return {"error": {"status": err.status_code, "body": raw}}
+
+
+def repeat(clients, args: dict) -> dict:
+    statuses: dict[str, int] = {}
+    for _ in range(args["times"]):
+        result = run(clients, args["call"])
+        status = "200" if "ok" in result else str(result["error"]["status"])
+        statuses[status] = statuses.get(status, 0) + 1
+    return statuses
+
+
 def main() -> None:
     plan = json.load(sys.stdin)
-    client = openai.OpenAI(base_url=plan["base_url"], api_key="unused", max_retries=0)
+    clients: dict = {"base_url": plan["base_url"]}
     results = []
     for call in plan["calls"]:
-        try:
-            results.append({"ok": OPS[call["op"]](client, dict(call.get("args", {})))})
-        except openai.APIStatusError as err:
-            try:
-                raw = err.response.json()
-            except ValueError:
-                raw = err.response.text
-            results.append({"error": {"status": err.status_code, "body": raw}})
+        if call["op"] == "repeat":
+            results.append({"ok": repeat(clients, call["args"])})
+        else:
+            results.append(run(clients, call))
     json.dump(results, sys.stdout)
 
 

@@ -174,6 +174,49 @@ def test_bad_or_forbidden_commands_are_refused(text, control, message):
     assert message in str(err.value)
 
 
+def test_changes_need_the_control_token_and_listing_without_it_shows_names_only(tmp_path):
+    import asyncio
+
+    from lora_serving.adapters.control import ControlToken, run_command
+    from lora_serving.settings import AdapterOptions
+
+    options, problems = AdapterOptions.from_dict(
+        {"control": "full", "control_token_env": "TOKEN_VAR"}, model_dir=tmp_path
+    )
+    assert options.control_token_env == "TOKEN_VAR" and not problems
+    _, problems = AdapterOptions.from_dict({"control_token_env": "a b"}, model_dir=tmp_path)
+    assert problems == ["serving.adapters.control_token_env must be an environment variable's name"]
+
+    token = ControlToken.from_environment("TOKEN_VAR", {"TOKEN_VAR": "s3cret"})
+    assert parse_command("load a", control="full", token=token, presented="s3cret").authorized
+    for presented in (None, "", "wrong", 7):
+        with pytest.raises(InvalidRequest, match="needs this model's control token"):
+            parse_command("unload a", control="full", token=token, presented=presented)
+    unset = ControlToken.from_environment("TOKEN_VAR", {})  # named but empty: no change at all
+    with pytest.raises(InvalidRequest, match="control token"):
+        parse_command("load a", control="full", token=unset, presented="")
+    assert parse_command("load a", control="full").authorized  # no token configured: as before
+
+    class Fleet:
+        enabled = True
+
+        async def describe(self):
+            return {"adapters": [{"name": "a", "path": "/srv/a"}], "roots": ["/srv"]}
+
+        async def rescan(self):
+            from lora_serving.adapters.fleet import ScanReport
+
+            return ScanReport(added=["a"], refused={"b": "/srv/b: pickle"}, problems=["/srv/c"])
+
+    anonymous = parse_command("list", control="full", token=token)
+    assert not anonymous.authorized
+    assert asyncio.run(run_command(Fleet(), anonymous)) == {"adapters": [{"name": "a"}]}
+    owner = parse_command("list", control="full", token=token, presented="s3cret")
+    assert asyncio.run(run_command(Fleet(), owner))["roots"] == ["/srv"]
+    rescan = asyncio.run(run_command(Fleet(), parse_command("rescan", control="full", token=token)))
+    assert rescan["added"] == ["a"] and "/srv" not in json.dumps(rescan)
+
+
 # ---- metric helpers ----------------------------------------------------------------------------
 def test_scheduler_counts_by_adapter_name_and_base_remainder():
     load = scheduler_load(5, 2, {"a@1": 2, "a@7": 1, "b@2": 1}, {"b@2": 2})

@@ -361,7 +361,9 @@ def test_triton_messages_map_to_http_status(message, status):
     err = from_triton(message)
     assert err.status == status
     body = err.body()["error"]
-    assert set(body) == {"message", "type", "param", "code"} and body["message"] == message
+    assert set(body) == {"message", "type", "param", "code"}
+    # Triton's list of every adapter is cut whoever asks (the front names the caller's own ids)
+    assert body["message"] == message.split("; available:")[0]
 
 
 def test_listing_without_adapter_control_leaves_adapter_names_to_triton():
@@ -441,9 +443,10 @@ def test_endpoint_sources_are_read_before_the_first_request():
     calls = [r.dependant.call for r in app.routes if isinstance(r, fastapi.routing.APIRoute)]
     assert len(calls) >= 5
     cache = fastapi.routing._endpoint_context_cache
-    assert not any(id(call) in cache for call in calls)
+    for call in calls:  # ids of earlier tests' endpoints, collected since, may be reused
+        cache.pop(id(call), None)
     with TestClient(app):
-        assert all(cache[id(call)].get("file", "").endswith("app.py") for call in calls)
+        assert all(cache[id(call)].get("file", "").startswith(str(FRONT)) for call in calls)
 
 
 def events(response) -> list:

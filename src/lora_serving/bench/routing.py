@@ -162,13 +162,18 @@ POLICIES = {
 
 async def poll_slots(grpc_url: str, slots: list, index: int, stop, interval_s=0.25) -> None:
     """slots[index] = ids of the adapters in the replica's LoRA slots (its "list" answer)."""
+    from lora_client.requests import control_parameters
+
     from lora_openai.triton import TritonGateway
 
     gateway = TritonGateway(grpc_url)
     try:
         while not stop.is_set():
             try:
-                reply = await gateway.complete(MODEL, {"adapter_command": "list"})
+                # with the token: a listing without it has names only, no states
+                reply = await gateway.complete(
+                    MODEL, {"adapter_command": "list"}, control_parameters()
+                )
                 listing = json.loads(reply.outputs.get("text_output") or "{}")
                 slots[index] = frozenset(
                     f"{MODEL}/{a['name']}"

@@ -182,8 +182,12 @@ class ModelHost:
                 )
             if raw.batch_size != 1:
                 raise InvalidRequest(f"send one {COMMAND_INPUT} per request")
+            adapters = self.settings.serving.adapters
             command = adapter_control.parse_command(
-                raw.string(COMMAND_INPUT, 0) or "", control=self.settings.serving.adapters.control
+                raw.string(COMMAND_INPUT, 0) or "",
+                control=adapters.control,
+                token=adapter_control.ControlToken.from_environment(adapters.control_token_env),
+                presented=raw.parameters.get(adapter_control.TOKEN_PARAMETER),
             )
             self.engine.check_available()
         except ServingError as err:
