@@ -116,8 +116,8 @@ def build_v3_shape(out_dir: Path, whisper_base: Path) -> Path:
         direction /= direction.norm()
         model.model.decoder.layer_norm.bias.copy_(FINAL_NORM_BIAS * direction)
         model.model.decoder.embed_tokens.weight[YUE_ID] += YUE_BOOST * direction
-    languages = [t for t in tokenizer_json["added_tokens"] if ids["<|startoftranscript|>"] < t["id"]]
-    languages = [t for t in languages if t["id"] < ids["<|translate|>"]]
+    first, end = ids["<|startoftranscript|>"] + 1, ids["<|translate|>"]
+    languages = [t for t in tokenizer_json["added_tokens"] if first <= t["id"] < end]
     generation = {
         "alignment_heads": ALIGNMENT_HEADS,
         "begin_suppress_tokens": base_generation["begin_suppress_tokens"],
