@@ -50,10 +50,13 @@ SHAPE = {
 
 
 def v3_tokenizer_json(base_tokenizer_json: dict) -> dict:
-    """whisper-base's tokenizer.json (99 languages) -> large-v3's layout (100, <|yue|> last)."""
+    """whisper-base's tokenizer.json (99 languages) -> large-v3's layout (100, <|yue|> last;
+    <|nocaptions|> renamed <|nospeech|>, as large-v3's tokenizer and openai-whisper name it)."""
     added = []
     for token in base_tokenizer_json["added_tokens"]:
         moved = dict(token)
+        if token["content"] == "<|nocaptions|>":  # large-v3's (and openai-whisper's) name
+            moved["content"] = "<|nospeech|>"
         if token["id"] >= YUE_ID:
             moved["id"] = token["id"] + 1
         added.append(moved)
