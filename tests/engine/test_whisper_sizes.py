@@ -123,7 +123,9 @@ class Served:
         return [future.result(timeout=600) for future in futures]
 
     def close(self) -> None:
-        self.host.close(drain_timeout_s=0)
+        if self.host is not None:
+            self.host.close(drain_timeout_s=0)
+            self.host = None
 
 
 def request(**inputs) -> RawRequest:
