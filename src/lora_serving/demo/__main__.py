@@ -7,6 +7,10 @@ Idempotent: finished pieces are kept. Layout under DIR (the model repository ref
   whisper-base-int8/       the same with int8 linear layers (`make serve WEIGHTS=int8`)
   whisper-adapters/{alpha,beta}   decoder modules
   whisper-adapters/{encoder_only,cross_kv,all_layers}
+  whisper-tiny.en/, whisper-tiny.en-adapters/{decoder,cross_kv,encoder_only,all_layers}
+                           real whisper-tiny.en (English-only), converted the same way
+  whisper-v3-shape/, whisper-v3-shape-adapters/{...the same kinds}
+                           tiny random model shaped like large-v3 (128 mels, 51,866 tokens, yue)
   qwen2-vl-tiny/, qwen2_5-vl-tiny/                random-init, real Qwen2 tokenizer
   qwen2-vl-adapters/{alpha,beta}, qwen2_5-vl-adapters/{alpha,beta}
 """
@@ -52,6 +56,7 @@ def build_all(root: Path) -> None:
                 ),
             )
         )
+    steps += whisper_size_steps(root, whisper_adapter_kinds)
     for variant, folder in (("qwen2_vl", "qwen2-vl"), ("qwen2_5_vl", "qwen2_5-vl")):
         steps.append(
             (
@@ -72,6 +77,37 @@ def build_all(root: Path) -> None:
         print(f"  [{number}/{len(steps)}] {title} ...", flush=True)
         build()
         print(f"        done in {time.monotonic() - start:.1f} s", flush=True)
+
+
+def whisper_size_steps(root: Path, adapter_kinds: dict[str, str]) -> list:
+    """The second real Whisper size (tiny.en) and the large-v3-shaped test model, each with one
+    adapter of every kind (docs/models.md)."""
+    from lora_serving.demo import whisper, whisper_v3_shape
+
+    kinds = {"decoder": whisper.DECODER_LORA_TARGETS, **adapter_kinds}
+    models = {
+        "whisper-tiny.en": lambda: whisper.convert_installed_whisper(
+            root / "whisper-tiny.en", "whisper-tiny.en"
+        ),
+        "whisper-v3-shape": lambda: whisper_v3_shape.build_v3_shape(
+            root / "whisper-v3-shape", root / "whisper-base"
+        ),
+    }
+    steps = []
+    for folder, build in models.items():
+        steps.append((f"{folder} (Hugging Face folder)", build))
+        steps.append(
+            (
+                f"{folder} adapters ({', '.join(kinds)})",
+                lambda f=folder: [
+                    whisper.make_whisper_adapters(
+                        root / f, root / f"{f}-adapters", names=(name,), targets=targets
+                    )
+                    for name, targets in kinds.items()
+                ],
+            )
+        )
+    return steps
 
 
 def main() -> None:

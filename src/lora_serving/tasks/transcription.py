@@ -5,7 +5,10 @@ with the decoder prompt Whisper was trained on:
     [<|startofprev|> previous text] <|startoftranscript|> <|xx|> <|transcribe|> [<|notimestamps|>]
 `language` is any of the model's languages (whisper_languages: all 99 of whisper-base, by code or
 name); without it, Whisper's own detection picks <|xx|> among all of them from the first 30 s,
-as openai-whisper's `detect_language` does. With `timestamps`,
+as openai-whisper's `detect_language` does. An English-only model (tiny.en ... medium.en) gets
+no language or task tokens, as openai-whisper and transformers prompt it:
+    [<|startofprev|> previous text] <|startoftranscript|> [<|notimestamps|>]
+and refuses any other language and `translate`. With `timestamps`,
 <|notimestamps|> is left out and the engine applies Whisper's timestamp rules
 (`whisper_timestamps`), so the output carries segment times.
 
@@ -105,7 +108,12 @@ class TranscriptionTask:
         )
         self.max_payload_bytes = settings.serving.max_payload_bytes
         self.speech_detector = whisper_vad.SpeechDetector()  # vad_filter: one per model instance
-        self.languages = whisper_languages.model_languages(settings.engine_args["model"], tokenizer)
+        self.english_only = whisper_languages.english_only(tokenizer)
+        self.languages = (
+            {"en": tokenizer.convert_tokens_to_ids("<|en|>")}
+            if self.english_only
+            else whisper_languages.model_languages(settings.engine_args["model"], tokenizer)
+        )
         self.no_space_languages = _no_space_languages()
         self.special = {
             name: tokenizer.convert_tokens_to_ids(f"<|{name}|>")
@@ -191,6 +199,11 @@ class TranscriptionTask:
         task = (raw.string("task", row) or "transcribe").strip().lower()
         if task not in TASKS:
             raise InvalidRequest(f"unknown task '{task}'; use one of: {', '.join(TASKS)}")
+        if task == "translate" and self.english_only:
+            raise InvalidRequest(
+                "task 'translate' is not available: this model is English-only (it transcribes "
+                "English only); send task 'transcribe' or leave it out"
+            )
         timestamps = raw.boolean("timestamps", row, default=False)
         suppressed = self.suppression.resolve(options)
         beam = BeamOptions(
@@ -228,10 +241,10 @@ class TranscriptionTask:
                 "outputs": additional_outputs.requested(raw, range(raw.batch_size)),
             },
         )
-        if language is None:
+        if language is None and not self.english_only:
             job.prepare = self._detect_language
-        else:
-            self._set_prompts(job, language)
+        else:  # an English-only model has no detection: its language is English
+            self._set_prompts(job, language or "en")
         if options["vad_filter"]:
             whisper_vad.filter_job(job, self.speech_detector, options["vad_parameters"])
         return job
@@ -286,6 +299,8 @@ class TranscriptionTask:
         language = raw.string("language", row)
         if language is None or not language.strip():
             return None
+        if self.english_only:
+            return whisper_languages.resolve_english_only(language)
         return whisper_languages.resolve(language, self.languages)
 
     def _previous_ids(self, text: str) -> list[int]:
@@ -305,11 +320,9 @@ class TranscriptionTask:
     def _set_prompts(self, job: GenerationJob, language: str) -> None:
         """The decoder prompt's task part and the sampling every window of the row uses."""
         context = job.context
-        task_ids = [
-            self.special["startoftranscript"],
-            self.languages[language],
-            self.special[context["task"]],
-        ]
+        task_ids = [self.special["startoftranscript"]]
+        if not self.english_only:
+            task_ids += [self.languages[language], self.special[context["task"]]]
         if not context["timestamps"]:
             task_ids.append(self.special["notimestamps"])
         sampling = dict(job.sampling)

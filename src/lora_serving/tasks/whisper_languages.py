@@ -14,7 +14,28 @@ from pathlib import Path
 from lora_media.whisper_languages import LANGUAGES, TO_LANGUAGE_CODE
 from lora_serving.errors import ConfigError, InvalidRequest
 
-__all__ = ["LANGUAGES", "TO_LANGUAGE_CODE", "model_languages", "resolve"]
+__all__ = ["LANGUAGES", "TO_LANGUAGE_CODE", "english_only", "model_languages", "resolve"]
+
+# openai-whisper's rule (`Whisper.is_multilingual`): English-only models (tiny.en ... medium.en)
+# have the gpt2 vocabulary's 51,864 rows; multilingual ones 51,865, large-v3 on 51,866.
+MULTILINGUAL_VOCAB_SIZE = 51_865
+
+
+def english_only(tokenizer) -> bool:
+    """An English-only (.en) Whisper: its vocabulary has language tokens it was never trained
+    with, and openai-whisper and transformers put none in its prompt."""
+    return len(tokenizer) < MULTILINGUAL_VOCAB_SIZE
+
+
+def resolve_english_only(requested: str) -> str:
+    """A request's language for an English-only model: English by code or name, else refused."""
+    key = requested.strip().lower()
+    if key == "en" or TO_LANGUAGE_CODE.get(key) == "en":
+        return "en"
+    raise InvalidRequest(
+        f"language '{requested.strip()}' is not available: this model is English-only (it "
+        "transcribes English only and cannot translate); send 'en' or leave language out"
+    )
 
 
 def model_languages(model_dir: Path, tokenizer) -> dict[str, int]:

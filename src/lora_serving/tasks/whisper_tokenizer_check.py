@@ -27,6 +27,7 @@ PROBE = (
     " 我们今天去北京。 今日は良い天気ですね。 안녕하세요, 반갑습니다."
     " مرحبا بالعالم. नमस्ते दुनिया। Γειά σου κόσμε! ☃ 🎉"
 )
+GPT2_END_OF_TEXT = 50256
 # PROBE encoded by openai-whisper 20250625's tiktoken encoders (ids separated by spaces).
 EXPECTED = {
     "multilingual": (
@@ -59,9 +60,11 @@ EXPECTED = {
 
 
 def vocabulary_of(tokenizer) -> str:
-    """Which openai-whisper vocabulary the tokenizer should match: multilingual models have
-    language tokens, English-only ones (gpt2's ranks) have none."""
-    return "multilingual" if "<|en|>" in tokenizer.get_vocab() else "gpt2"
+    """Which openai-whisper vocabulary the tokenizer should match: gpt2's for the English-only
+    models (their <|endoftext|> is gpt2's last rank, 50256), multilingual's otherwise (50257).
+    Both layouts carry the language tokens, so those cannot tell them apart."""
+    end_of_text = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    return "gpt2" if end_of_text == GPT2_END_OF_TEXT else "multilingual"
 
 
 def mismatch(tokenizer) -> str | None:
