@@ -176,6 +176,9 @@ def test_word_timing_scores_starts_against_the_truth():
     assert start_errors(words, clip) == pytest.approx([-0.1, -0.5])
     assert _entry(words, clip)["mean_abs_start_error"] == pytest.approx(0.3)
     assert start_errors(words[:1], clip) is None  # a word missing: no score
+    repeated = [*words, {"word": " Apple", "start": 1.9}]  # a repeat in the trailing silence
+    assert start_errors(repeated, clip) == pytest.approx([-0.1, -0.5])
+    assert _entry(repeated, clip)["extra_words"] == 1
     lines = report_lines(
         {
             "truth": [{}, {}],

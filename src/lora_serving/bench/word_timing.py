@@ -20,10 +20,13 @@ from lora_serving.bench.word_gaps import GapClip, bare, gap_clip
 
 
 def start_errors(words: list[dict], clip: GapClip) -> list[float] | None:
-    """Each word's start minus its true start (seconds); None when the words differ."""
-    if [bare(w["word"]) for w in words] != [t.word for t in clip.words]:
+    """Each true word's start error (seconds): the transcript's first words must be the true
+    ones (words after them, e.g. a hallucinated repeat in the trailing silence, are counted
+    apart: `extra_words`); None when they are not."""
+    said = [bare(w["word"]) for w in words[: len(clip.words)]]
+    if said != [t.word for t in clip.words]:
         return None
-    return [w["start"] - t.start for w, t in zip(words, clip.words, strict=True)]
+    return [w["start"] - t.start for w, t in zip(words, clip.words, strict=False)]
 
 
 def _served_words(url: str, model: str, path: Path, options: dict) -> list[dict]:
@@ -55,6 +58,7 @@ def _entry(words: list[dict], clip: GapClip) -> dict:
         "words": [bare(w["word"]) for w in words],
         "starts": [w["start"] for w in words],
         "start_errors": errors,
+        "extra_words": max(len(words) - len(clip.words), 0),
         "mean_abs_start_error": None if errors is None else float(np.mean(np.abs(errors))),
     }
 
@@ -124,8 +128,10 @@ def report_lines(words: dict) -> list[str]:
         return ["## Word timings", "", "failed: see results.json", ""]
 
     def cell(name: str) -> str:
-        mean = words.get(name, {}).get("mean_abs_start_error")
-        return "words differ" if mean is None else f"{mean:.3f}"
+        entry = words.get(name, {})
+        mean, extra = entry.get("mean_abs_start_error"), entry.get("extra_words", 0)
+        shown = "words differ" if mean is None else f"{mean:.3f}"
+        return shown + (f" ({extra} extra words after the last)" if extra else "")
 
     return [
         "## Word timings",
