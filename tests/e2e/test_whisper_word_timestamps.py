@@ -20,7 +20,7 @@ from lora_serving.audio import decode_audio_file, to_whisper_input
 from lora_serving.bench.word_gaps import bare, gap_clip
 from tests.conftest import only_with_model
 from tests.e2e.triton_calls import grpc_many, sampling
-from tests.openai_whisper import reference_transcribe
+from tests.openai_whisper import install_reference_env, reference_transcribe
 from tests.openai_whisper.convert import convert
 
 pytestmark = only_with_model("whisper_lora")
@@ -105,9 +105,10 @@ def served(grpc_url, clips, pending_references):
 
 
 @pytest.fixture(scope="module")
-def pending_references(demo_models, clips, tmp_path_factory):
+def pending_references(request, demo_models, clips, tmp_path_factory):
     """openai-whisper's transcribe() of each exact case on that adapter's merged weights, in a
     thread of its own (a process of its own, mostly) while the server answers."""
+    install_reference_env(request)
     folder = tmp_path_factory.mktemp("openai_whisper_checkpoints")
     with ThreadPoolExecutor(max_workers=1) as pool:
         yield pool.submit(_references, demo_models, clips, folder)

@@ -12,6 +12,14 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "scripts" / "openai_whisper.sh"
 
 
+def install_reference_env(request) -> None:
+    """Installs openai-whisper's environment on first use (minutes: torch), its progress shown
+    past pytest's capture, as the openai SDK's fixture does."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        subprocess.run(["bash", str(RUNNER), "--install-only"], check=True, timeout=1200)
+
+
 def reference_transcribe(runs: list[tuple[Path, np.ndarray, dict]], timeout_s: int = 900) -> list:
     """openai-whisper's transcribe() of each (checkpoint, 16 kHz samples, options) run, in one
     process (each checkpoint loads once): transcribe()'s own result dicts."""

@@ -12,14 +12,15 @@ import torch
 
 from lora_serving.reference.whisper import reference_generate
 from tests.conftest import load_16k
-from tests.openai_whisper import reference_transcribe
+from tests.openai_whisper import install_reference_env, reference_transcribe
 from tests.openai_whisper.convert import convert, openai_name
 
 SOT, EN, TRANSCRIBE, EOT = 50258, 50259, 50359, 50257
 
 
 @pytest.fixture(scope="module")
-def checkpoints(demo_models, tmp_path_factory):
+def checkpoints(request, demo_models, tmp_path_factory):
+    install_reference_env(request)
     folder = tmp_path_factory.mktemp("openai_whisper")
     base = demo_models / "whisper-base"
     return {

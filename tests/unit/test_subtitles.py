@@ -11,7 +11,7 @@ import re
 import pytest
 
 from lora_openai.subtitles import WriterOptions, to_srt, to_vtt
-from tests.openai_whisper import ROOT, run_in_reference_env
+from tests.openai_whisper import ROOT, install_reference_env, run_in_reference_env
 
 
 def _words(start: float, *pieces: tuple[str, float]) -> list[dict]:
@@ -72,7 +72,8 @@ NO_WORDS = [{k: v for k, v in segment.items() if k != "words"} for segment in SE
 
 
 @pytest.fixture(scope="module")
-def openai_whisper_written():
+def openai_whisper_written(request):
+    install_reference_env(request)
     cases = [{"result": {"segments": SEGMENTS}, "options": o} for o in OPTIONS]
     cases.append({"result": {"segments": NO_WORDS}, "options": {}})
     script = ROOT / "tests" / "openai_whisper" / "write_subtitles.py"
