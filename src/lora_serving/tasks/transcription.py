@@ -20,6 +20,7 @@ openai-whisper and transformers' `generate(prompt_ids=...)` send it: our vLLM pl
 in front.
 """
 
+import asyncio
 import dataclasses
 import functools
 import json
@@ -44,6 +45,7 @@ from lora_serving.tasks import (
     whisper_tokenizer_check,
     whisper_vad,
     whisper_windows,
+    whisper_word_refine,
     whisper_words,
 )
 from lora_serving.tasks.base import RowReader
@@ -123,6 +125,7 @@ class TranscriptionTask:
         self._decoder_prompt_kept: bool | None = None
         self.alignment_heads = _alignment_heads(Path(settings.engine_args["model"]))
         self.token_text = None  # whisper_words.TokenText, built on the first word request
+        self.eager = bool(settings.engine_args.get("enforce_eager"))
         self.timestamp_rules = {
             "timestamp_begin": tokenizer.convert_tokens_to_ids("<|0.00|>"),
             "eot": tokenizer.eos_token_id,
@@ -250,6 +253,11 @@ class TranscriptionTask:
             raise InvalidRequest(
                 "word_timestamps needs the model's alignment heads (generation_config.json "
                 "'alignment_heads'), which this model does not have"
+            )
+        if not self.eager:
+            raise InvalidRequest(
+                "word_timestamps needs the engine in eager mode (enforce_eager in model.json): "
+                "the alignment heads cannot be read from its compiled decoder"
             )
         if task == "translate":  # openai-whisper: "not supported for translations"
             raise InvalidRequest("word_timestamps is not supported with task 'translate'")
@@ -454,7 +462,8 @@ class TranscriptionTask:
     async def _align(self, job: GenerationJob, stream: Stream, samples, segments, offset_s):
         """A window's words: one teacher-forced engine request with the row's adapter, the
         window's audio and its text (vllm_plugin/whisper_alignment captures the alignment
-        heads), then openai-whisper's timing steps (whisper_words)."""
+        heads), then openai-whisper's timing steps (whisper_words), then the refinement.
+        Returns openai-whisper's last word end (where its next window would start)."""
         context = job.context
         words: WordOptions = context["words"]
         eot = self.timestamp_rules["eot"]
@@ -462,7 +471,7 @@ class TranscriptionTask:
         if not text_tokens:
             for segment in segments:
                 segment["words"] = []
-            return
+            return None
         sot = context["task_ids"]  # <|startoftranscript|> <|xx|> <|task|> (timestamps: no more)
         ids = [*sot, self.special["notimestamps"], *text_tokens, eot]
         if len(ids) > self.max_model_len:
@@ -517,6 +526,21 @@ class TranscriptionTask:
         end = whisper_words.last_word_end(segments)
         if end is not None:
             context["last_speech_s"] = end
+        if words.refine:
+            whisper_word_refine.refine(segments, await self._speech(context))
+        return end
+
+    async def _speech(self, context: dict) -> list:
+        """Where the row's (decoded) samples hold speech, for word_timestamps_refine: Silero VAD
+        once per row, off the engine loop."""
+        if "word_speech" not in context:
+            chunks = await asyncio.to_thread(
+                self.speech_detector.speech_chunks,
+                context["samples"],
+                whisper_word_refine.SPEECH_OPTIONS,
+            )
+            context["word_speech"] = whisper_word_refine.speech_spans(chunks)
+        return context["word_speech"]
 
     async def _attempt(self, job, stream: Stream, samples, ids: list[int], name: str, temperature):
         """One decoding of a window at one temperature: the engine's chunks, or a beam search's

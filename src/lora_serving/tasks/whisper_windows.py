@@ -22,14 +22,14 @@ import numpy as np
 from lora_serving.audio import WHISPER_SAMPLE_RATE, WINDOW_SECONDS, AudioWindow
 from lora_serving.jobs import GenerationChunk
 from lora_serving.tasks.whisper_timestamps import SECONDS_PER_TIMESTAMP, WindowReading
-from lora_serving.tasks.whisper_words import last_word_end
 
 # A window's samples -> the chunks of its decoding (whisper_quality.decode_window), the last one
 # finished; with timestamps, also the tokens said before it (condition_on_previous_text).
 WindowDecoder = Callable[..., AsyncIterator[GenerationChunk]]
 # With word timestamps: a window's segments (start, end in seconds of the recording, text
-# `tokens`) -> the same with `words`, times refined (whisper_words.add_word_timestamps).
-WindowAligner = Callable[[np.ndarray, list[dict], float], Awaitable[None]]
+# `tokens`) -> the same with `words`, times refined (whisper_words.add_word_timestamps);
+# returns openai-whisper's last word end (whisper_words.last_word_end), None without words.
+WindowAligner = Callable[[np.ndarray, list[dict], float], Awaitable[float | None]]
 FRAMES_PER_SECOND = 100  # openai-whisper's mel frames: where a seek may land
 SAMPLES_PER_FRAME = WHISPER_SAMPLE_RATE // FRAMES_PER_SECOND
 # A tail shorter than this is not worth a window of its own (one 20 ms timestamp step is less).
@@ -198,7 +198,7 @@ async def decode_seeking(
                 }
                 for start, end, tokens in found
             ]
-            await align(window, timed, offset_s)
+            end_s = await align(window, timed, offset_s)
         first_new = len(segments)
         new_timed = None if timed is None else timed[shown:]
         if delta := add(found[shown:], offset_s, duration_s, outcome.fields(), new_timed):
@@ -209,7 +209,6 @@ async def decode_seeking(
             said.clear()
         next_seek = seek + max(1, round(consumed_s * WHISPER_SAMPLE_RATE))
         if timed is not None and not reading.ends_after_text:
-            end_s = last_word_end(timed)
             if end_s is not None and end_s > offset_s:  # openai-whisper: frames of 10 ms
                 next_seek = round(end_s * FRAMES_PER_SECOND) * SAMPLES_PER_FRAME
         seek = next_seek
