@@ -15,7 +15,7 @@ DTYPE ?= auto
 WEIGHTS ?= float
 
 .PHONY: setup serve test test-unit lint lint-deploy lock lock-gpu lock-lint lock-genai-perf image \
-	lock-openai-sdk lock-whisper-tiktoken clean-models \
+	lock-openai-sdk lock-whisper-tiktoken lock-openai-whisper clean-models \
 	gpu-venv gpu-check
 
 # Idempotent: a finished step takes a second or two, so the other targets always run it.
@@ -87,6 +87,15 @@ lock-openai-sdk: setup
 lock-whisper-tiktoken: setup
 	@$(VENV)/bin/uv pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 		requirements/whisper-tiktoken.in -o requirements/whisper-tiktoken.txt
+
+# openai-whisper (CPU torch), the reference for word timestamps and subtitle writing
+# (scripts/openai_whisper.sh; tests/openai_whisper/). torch 2.13.0+cpu is found in
+# TORCH_CPU_FIND_LINKS: this machine's wheel folder, else PyTorch's CPU index.
+TORCH_CPU_FIND_LINKS ?= $(if $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),/opt/wheels,https://download.pytorch.org/whl/cpu/torch/)
+lock-openai-whisper: setup
+	@$(VENV)/bin/uv pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+		--find-links $(TORCH_CPU_FIND_LINKS) requirements/openai-whisper.in \
+		--override requirements/openai-whisper-overrides.txt -o requirements/openai-whisper.txt
 
 clean-models:
 	rm -rf demo_models

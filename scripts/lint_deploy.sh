@@ -9,7 +9,7 @@
 #                                  CRDs by scripts/crd_schema.py; check-jsonschema)
 #   docker/compose.yaml, k8s/      yamllint
 #   docker/entrypoint.sh, scripts/{lint_deploy,gpu_check,gpu_venv,genai_perf,openai_sdk,peer_env,
-#     whisper_tiktoken}.sh         shellcheck
+#     whisper_tiktoken,openai_whisper}.sh  shellcheck
 #   requirements/, pyproject.toml  the GPU lock's inputs, the `gpu` extra and the CPU lock's inputs
 #                                  each resolve (uv pip compile; needs the package index)
 # The cross-checks between these files (ports, labels, volumes, model.json paths, metric names)
@@ -33,7 +33,8 @@ MANIFESTS=(k8s/pvc.yaml k8s/deployment.yaml k8s/service.yaml k8s/networkpolicy.y
 CUSTOM_RESOURCES=(k8s/inference-gateway/inference-pool.yaml=k8s/schemas/inferencepool-v1.json
   k8s/inference-gateway/httproute.yaml=k8s/schemas/httproute-v1.json)
 SHELL_SCRIPTS=(docker/entrypoint.sh scripts/lint_deploy.sh scripts/gpu_check.sh scripts/gpu_venv.sh
-  scripts/genai_perf.sh scripts/openai_sdk.sh scripts/peer_env.sh scripts/whisper_tiktoken.sh)
+  scripts/genai_perf.sh scripts/openai_sdk.sh scripts/peer_env.sh scripts/whisper_tiktoken.sh
+  scripts/openai_whisper.sh)
 YAMLLINT_CONFIG='{extends: default, rules: {line-length: {max: 100}, document-start: disable}}'
 
 install_tools() {

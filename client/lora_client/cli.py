@@ -1,7 +1,8 @@
 """lora-client: talk to whisper_lora and qwen_vl_lora from the shell.
 
 lora-client transcribe speech.wav [--adapter alpha] [--language de] [--task translate] [--stream]
-                      [--timestamps] [--prompt "previous text"] [--hotwords "Zyprexa"]
+                      [--timestamps] [--word-timestamps [--no-word-timestamps-refine]]
+                      [--prompt "previous text"] [--hotwords "Zyprexa"]
                       [--prefix "start of the transcript"]
                       [--suppress-tokens "-1,1234"] [--no-suppress-blank] [--vad-filter]
                       [--beam-size 5 [--beam-rule faster-whisper]] [--temperature 0 [0.2 ...]]
@@ -75,6 +76,14 @@ def _print_segments(reply) -> None:
         print(f"[{segment['start']:8.2f} -> {segment['end']:8.2f}] {segment['text']}")
 
 
+def _print_words(reply) -> None:
+    """Each segment's `words`: one line per word (start, end, probability, word)."""
+    for segment in json.loads(reply.outputs.get("segments", ["[]"])[0] or "[]"):
+        for word in segment.get("words", ()):
+            start, end, probability = word["start"], word["end"], word["probability"]
+            print(f"{start:8.2f} {end:8.2f} {probability:6.3f} {word['word'].strip()}")
+
+
 def _print_listing(listing: dict) -> None:
     limits = ", ".join(f"{key} {value}" for key, value in listing.get("limits", {}).items())
     print(f"{listing['model']} ({limits})")
@@ -139,6 +148,10 @@ def _decoding(args) -> dict:
         decoding["hotwords"] = args.hotwords
     if args.prefix is not None:
         decoding["prefix"] = args.prefix
+    if getattr(args, "word_timestamps", False):
+        decoding["word_timestamps"] = True
+        if args.no_word_timestamps_refine:
+            decoding["word_timestamps_refine"] = False
     return decoding
 
 
@@ -158,8 +171,9 @@ def _show(args) -> None:
                 language=args.language,
                 prompt=args.prompt,
                 timestamps=args.timestamps,
+                word_timestamps=args.word_timestamps,
                 stream=args.stream,
-                decoding=decoding,
+                decoding={k: v for k, v in decoding.items() if k != "word_timestamps"},
             )
             show = (
                 openai_examples.speech_curl
@@ -194,6 +208,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     transcribe.add_argument("--task", choices=["transcribe", "translate"])
     transcribe.add_argument("--timestamps", action="store_true", help="also print segments")
+    transcribe.add_argument(
+        "--word-timestamps",
+        action="store_true",
+        help="print one line per word: start, end (s), probability, word (openai-whisper's "
+        "word timings)",
+    )
+    transcribe.add_argument(
+        "--no-word-timestamps-refine",
+        action="store_true",
+        help="with --word-timestamps, openai-whisper's exact timings (no trimming to speech)",
+    )
     transcribe.add_argument("--prompt", help="previous text (context for the first words)")
     transcribe.add_argument(
         "--hotwords",
@@ -279,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                     language=args.language,
                     task=args.task,
                     prompt=args.prompt,
-                    timestamps=args.timestamps,
+                    timestamps=args.timestamps or args.word_timestamps,
                     stream=args.stream,
                     max_tokens=args.max_tokens,
                     decoding=_decoding(args),
@@ -292,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                 final = _print_replies(replies, stream=args.stream, final_is_full_text=True)
                 if args.timestamps:
                     _print_segments(final)
+                if args.word_timestamps:
+                    _print_words(final)
         else:
             fields = vision_fields(
                 args.prompt,

@@ -22,6 +22,7 @@ def speech_request(
     language: str | None = None,
     prompt: str | None = None,
     timestamps: bool = False,
+    word_timestamps: bool = False,
     stream: bool = False,
     decoding: dict | None = None,
 ) -> tuple[str, dict, dict]:
@@ -32,9 +33,9 @@ def speech_request(
         fields["language"] = language
     if prompt:
         fields["prompt"] = prompt
-    if timestamps:
+    if timestamps or word_timestamps:
         fields["response_format"] = "verbose_json"
-        fields["timestamp_granularities"] = ["segment"]
+        fields["timestamp_granularities"] = ["segment"] + (["word"] if word_timestamps else [])
     if stream:
         fields["stream"] = True
     return endpoint, fields, dict(decoding or {})
@@ -50,7 +51,8 @@ def speech_curl(base_url: str, file: Path, endpoint: str, fields: dict, extra: d
     parts = ["curl", "-s", f"{base_url}/audio/{endpoint}", "-F", f"file=@{file}"]
     for name, value in {**fields, **extra}.items():
         if name == "timestamp_granularities":
-            parts += ["-F", "timestamp_granularities[]=segment"]
+            for granularity in value:
+                parts += ["-F", f"timestamp_granularities[]={granularity}"]
         else:
             parts += ["-F", f"{name}={_form_value(value)}"]
     return shlex.join(parts)

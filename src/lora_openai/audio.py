@@ -1,16 +1,23 @@
 """/v1/audio/transcriptions and /v1/audio/translations <-> whisper_lora.
 
 Form fields as OpenAI's (file, model, language, prompt, temperature, response_format,
-timestamp_granularities[], stream); every other form field is one of whisper_lora's decoding
-options (`beam_size`, `suppress_tokens`, `vad_filter`, `vad_parameters`, ...) and goes into
-`sampling_parameters` as given (JSON values parsed, anything else as its string, which
-whisper_lora reads by the key's type), so whisper_lora names a wrong key or value itself.
+timestamp_granularities[], stream), openai-whisper's subtitle writer options (max_line_width,
+max_line_count, highlight_words, max_words_per_line: srt and vtt only; they ask whisper_lora for
+word timings, lora_openai.subtitles lays the cues out); every other form field is one of
+whisper_lora's decoding options (`beam_size`, `suppress_tokens`, `vad_filter`, `vad_parameters`,
+...) and goes into `sampling_parameters` as given (JSON values parsed, anything else as its
+string, which whisper_lora reads by the key's type), so whisper_lora names a wrong key or value
+itself.
 `hotwords` and `prefix` (faster-whisper's) are text whatever they look like ("2024" stays a
 string).
 
 `file` is any audio or video file FFmpeg decodes, sent to whisper_lora as is (it decodes it,
 bounded); verbose_json's `duration` comes from the container's header through the same PyAV
 probe (lora_media.audio_file), nothing decoded here.
+
+timestamp_granularities[]: "segment" (the default), "word" or both, with verbose_json, as
+OpenAI's API has them: "word" asks whisper_lora for `word_timestamps` and answers top-level
+`words: [{word, start, end}]`; `segments` come when "segment" is asked or nothing is.
 
 temperature: OpenAI documents 0 as "use log probability to automatically increase the
 temperature until certain thresholds are hit", which is whisper_lora's default schedule
@@ -19,10 +26,12 @@ temperature until certain thresholds are hit", which is whisper_lora's default s
 """
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from lora_media.whisper_languages import LANGUAGES
 from lora_openai.errors import bad_request
+from lora_openai.subtitles import MAX_OPTION, WriterOptions, to_srt, to_vtt
 
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 SEGMENT_FORMATS = ("verbose_json", "srt", "vtt")  # need segments: timestamps=true to Triton
@@ -42,6 +51,9 @@ _OPENAI_FIELDS = {
     "include",
     "chunking_strategy",  # whisper_lora always decodes in 30 s windows
 }
+GRANULARITIES = ("segment", "word")
+_WRITER_INTEGERS = ("max_line_width", "max_line_count", "max_words_per_line")
+_WRITER_FIELDS = {*_WRITER_INTEGERS, "highlight_words"}
 _TEXT_OPTIONS = {"hotwords", "prefix"}  # decoding options that are text, never JSON
 
 
@@ -58,10 +70,16 @@ class SpeechRequest:
     response_format: str = "json"
     stream: bool = False
     decoding: dict = field(default_factory=dict)
+    granularities: tuple[str, ...] = ()
+    writer: WriterOptions = field(default_factory=WriterOptions)
 
     @property
     def timestamps(self) -> bool:
         return self.response_format in SEGMENT_FORMATS
+
+    @property
+    def word_timestamps(self) -> bool:
+        return "word" in self.granularities or self.writer.given
 
     def triton_fields(self) -> dict:
         """whisper_lora inputs (lora_client.requests' field dict form)."""
@@ -75,6 +93,8 @@ class SpeechRequest:
         if self.stream:
             fields["stream"] = True
         sampling = dict(self.decoding)
+        if self.word_timestamps:
+            sampling["word_timestamps"] = True
         if self.temperature:  # 0 / absent: whisper_lora's fallback schedule (module docstring)
             sampling["temperature"] = self.temperature
         if sampling:
@@ -98,9 +118,35 @@ def _flag(value, name: str) -> bool:
     raise bad_request(f"'{name}' must be true or false, got {value!r}", name)
 
 
+def _writer_options(fields: dict, response_format: str) -> WriterOptions:
+    """openai-whisper's subtitle writer options from the form; each bad one is a 400 naming it."""
+    for name in fields:
+        if response_format not in ("srt", "vtt"):
+            raise bad_request(
+                f"'{name}' lays out subtitle cues: use response_format srt or vtt, not "
+                f"{response_format}",
+                name,
+            )
+    numbers = {}
+    for name in _WRITER_INTEGERS:
+        if name not in fields:
+            continue
+        text = str(fields[name]).strip()
+        # ASCII digits only, and few of them: int() of a long digit string is itself costly.
+        if not re.fullmatch(r"[0-9]{1,6}", text) or not 1 <= int(text) <= MAX_OPTION:
+            raise bad_request(
+                f"'{name}' must be a whole number from 1 to {MAX_OPTION}, got {fields[name]!r}",
+                name,
+            )
+        numbers[name] = int(text)
+    highlight = _flag(fields.get("highlight_words", "false"), "highlight_words")
+    return WriterOptions(highlight_words=highlight, **numbers)
+
+
 def parse_form(task: str, form: list[tuple[str, object]], audio: bytes | None) -> SpeechRequest:
     """Multipart form items (name, value) -> SpeechRequest; every problem is a 400."""
     single: dict[str, object] = {}
+    writer_fields: dict[str, object] = {}
     granularities: list[str] = []
     includes: list[str] = []
     decoding: dict = {}
@@ -111,6 +157,8 @@ def parse_form(task: str, form: list[tuple[str, object]], audio: bytes | None) -
             includes.append(str(value))
         elif name in _OPENAI_FIELDS:
             single[name] = value
+        elif name in _WRITER_FIELDS:
+            writer_fields[name] = value
         elif isinstance(value, str):
             decoding[name] = value if name in _TEXT_OPTIONS else _form_value(value)
         else:
@@ -130,9 +178,9 @@ def parse_form(task: str, form: list[tuple[str, object]], audio: bytes | None) -
             "response_format",
         )
     for granularity in granularities:
-        if granularity != "segment":
+        if granularity not in GRANULARITIES:
             raise bad_request(
-                f"timestamp_granularities '{granularity}' is not supported (only 'segment')",
+                f"timestamp_granularities '{granularity}' is not supported (segment or word)",
                 "timestamp_granularities",
             )
     if granularities and response_format != "verbose_json":
@@ -141,6 +189,7 @@ def parse_form(task: str, form: list[tuple[str, object]], audio: bytes | None) -
         )
     if includes:
         raise bad_request(f"include {includes} is not supported", "include")
+    writer = _writer_options(writer_fields, response_format)
     temperature = None
     if single.get("temperature") not in (None, ""):
         try:
@@ -166,7 +215,18 @@ def parse_form(task: str, form: list[tuple[str, object]], audio: bytes | None) -
         response_format=response_format,
         stream=stream,
         decoding=decoding,
+        granularities=tuple(dict.fromkeys(granularities)),
+        writer=writer,
     )
+
+
+def openai_words(segments: list[dict]) -> list[dict]:
+    """Every segment's words as OpenAI's verbose_json `words` (no leading space, no probability)."""
+    return [
+        {"word": word["word"].strip(), "start": word["start"], "end": word["end"]}
+        for segment in segments
+        for word in segment.get("words", ())
+    ]
 
 
 # ---- responses ---------------------------------------------------------------------------------
@@ -203,34 +263,6 @@ def openai_segments(segments: list[dict]) -> list[dict]:
     ]
 
 
-def _timestamp(seconds: float, marker: str) -> str:
-    millis = int(round(max(seconds, 0.0) * 1000))
-    hours, millis = divmod(millis, 3_600_000)
-    minutes, millis = divmod(millis, 60_000)
-    secs, millis = divmod(millis, 1000)
-    return f"{hours:02d}:{minutes:02d}:{secs:02d}{marker}{millis:03d}"
-
-
-def _cue_text(segment: dict) -> str:
-    return segment["text"].strip().replace("-->", "->")
-
-
-def to_srt(segments: list[dict]) -> str:
-    return "".join(
-        f"{index}\n{_timestamp(s['start'], ',')} --> {_timestamp(s['end'], ',')}\n"
-        f"{_cue_text(s)}\n\n"
-        for index, s in enumerate(segments, start=1)
-    )
-
-
-def to_vtt(segments: list[dict]) -> str:
-    cues = "".join(
-        f"{_timestamp(s['start'], '.')} --> {_timestamp(s['end'], '.')}\n{_cue_text(s)}\n\n"
-        for s in segments
-    )
-    return "WEBVTT\n\n" + cues
-
-
 def render(request: SpeechRequest, outputs: dict) -> tuple[str, object]:
     """whisper_lora's final outputs -> (media type, body) for request.response_format."""
     text = outputs.get("text_output", "")
@@ -241,20 +273,24 @@ def render(request: SpeechRequest, outputs: dict) -> tuple[str, object]:
     if fmt == "text":
         return "text/plain", text + "\n"
     if fmt == "srt":
-        return "application/x-subrip", to_srt(segments)
+        return "application/x-subrip", to_srt(segments, request.writer)
     if fmt == "vtt":
-        return "text/vtt", to_vtt(segments)
+        return "text/vtt", to_vtt(segments, request.writer)
     language = outputs.get("language") or request.language or ""
     duration = audio_duration(request.audio)
     if duration is None:
         duration = segments[-1]["end"] if segments else 0.0
-    return "application/json", {
+    body = {
         "task": request.task,
         "language": LANGUAGES.get(language, language),
         "duration": duration,
         "text": text,
-        "segments": openai_segments(segments),
     }
+    if "word" in request.granularities:
+        body["words"] = openai_words(segments)
+    if "segment" in request.granularities or not request.granularities:
+        body["segments"] = openai_segments(segments)
+    return "application/json", body
 
 
 def delta_event(delta: str) -> dict:

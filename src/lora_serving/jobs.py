@@ -45,6 +45,9 @@ class GenerationChunk:
     # {token id: Logprob(logprob, rank, decoded_token)} of the top tokens (plus the chosen one).
     cumulative_logprob: float | None = None
     top_logprobs: Sequence[Mapping[int, Any]] | None = None
+    # A request flagged for Whisper's alignment heads (vllm_plugin.whisper_alignment): what the
+    # engine captured, on the last chunk.
+    alignment: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:

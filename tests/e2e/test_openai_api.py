@@ -151,6 +151,58 @@ def test_transcription_equals_grpc_in_every_format_and_streamed(sdk, grpc_url, s
 
 
 @whisper_only
+def test_word_timestamps_through_the_sdk(sdk, grpc_url, speech):
+    """timestamp_granularities=["word"] (alone and with "segment") gives OpenAI's top-level
+    words, the served words of the same request over gRPC; srt takes openai-whisper's writer
+    options (form fields) and lays the cues out from those words; a bad option is a 400 naming
+    its field."""
+    from lora_openai.subtitles import WriterOptions, to_srt
+
+    wav = speech(SENTENCE)
+    fields = transcription_fields(wav, timestamps=True, decoding={"word_timestamps": True})
+    served = grpc_one(grpc_url, WHISPER, fields, {"lora_name": "alpha"})
+    segments = json.loads(served.outputs["segments"][0])
+    words = [
+        {"word": w["word"].strip(), "start": w["start"], "end": w["end"]}
+        for s in segments
+        for w in s["words"]
+    ]
+    adapter = f"{WHISPER}/alpha"
+    verbose = {"file": str(wav), "model": adapter, "response_format": "verbose_json"}
+    only_words, both, srt, bad = sdk(
+        call("transcribe", **verbose, timestamp_granularities=["word"]),
+        call("transcribe", **verbose, timestamp_granularities=["word", "segment"]),
+        call(
+            "transcribe",
+            file=str(wav),
+            model=adapter,
+            response_format="srt",
+            extra_body={"max_line_width": 16, "max_line_count": 1, "highlight_words": True},
+        ),
+        call(
+            "transcribe",
+            file=str(wav),
+            model=adapter,
+            response_format="srt",
+            extra_body={"max_line_width": 0},
+        ),
+    )
+    assert len(words) >= 8 and words[0]["word"] == "The"
+    only_words = ok(only_words)
+    assert only_words["words"] == words and "segments" not in only_words
+    assert only_words["text"] == served.text
+    both = ok(both)
+    assert both["words"] == words
+    assert [(s["start"], s["end"], s["text"]) for s in both["segments"]] == [
+        (s["start"], s["end"], s["text"]) for s in segments
+    ]
+    options = WriterOptions(max_line_width=16, max_line_count=1, highlight_words=True)
+    assert ok(srt) == to_srt(segments, options) and "<u>The</u>" in ok(srt)
+    assert bad["error"]["status"] == 400
+    assert bad["error"]["body"]["error"]["param"] == "max_line_width"
+
+
+@whisper_only
 def test_translation_equals_grpc_for_base_and_adapter(sdk, grpc_url, speech):
     """espeak-ng's German is hard for whisper-base: a window can fail its checks and be
     sampled again at a higher temperature, so both paths send the same seed."""

@@ -4,6 +4,7 @@ each side, the sentences, scoring, the report's section and plot, and the bench'
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lora_serving.bench import wer
@@ -139,7 +140,7 @@ def test_report_of_a_wer_only_run(tmp_path):
 
 
 def test_wer_is_a_part_of_every_run_by_default():
-    assert BenchConfig().models == ["whisper", "qwen_vl", "wer", "speed"]
+    assert BenchConfig().models == ["whisper", "qwen_vl", "wer", "speed", "words"]
 
 
 # ---- imports -----------------------------------------------------------------------------------
@@ -161,3 +162,34 @@ def test_bench_modules_import_each_other_without_a_circle():
 def test_faster_whisper_script_needs_only_the_standard_library_and_faster_whisper():
     top = {name.split(".")[0] for name in imported_modules(wer.PEER_SCRIPT)}
     assert top - set(sys.stdlib_module_names) == {"faster_whisper"}
+
+
+def test_word_timing_scores_starts_against_the_truth():
+    from lora_serving.bench.word_gaps import GapClip, TimedWord
+    from lora_serving.bench.word_timing import _entry, report_lines, start_errors
+
+    clip = GapClip(
+        np.zeros(16_000, np.float32),
+        (TimedWord("apple", 0.5, 0.9), TimedWord("river", 1.5, 2.0)),
+    )
+    words = [{"word": " Apple.", "start": 0.4}, {"word": " river", "start": 1.0}]
+    assert start_errors(words, clip) == pytest.approx([-0.1, -0.5])
+    assert _entry(words, clip)["mean_abs_start_error"] == pytest.approx(0.3)
+    assert start_errors(words[:1], clip) is None  # a word missing: no score
+    repeated = [*words, {"word": " Apple", "start": 1.9}]  # a repeat in the trailing silence
+    assert start_errors(repeated, clip) == pytest.approx([-0.1, -0.5])
+    assert _entry(repeated, clip)["extra_words"] == 1
+    lines = report_lines(
+        {
+            "truth": [{}, {}],
+            "files": 3,
+            "audio_s": 9.0,
+            "ours_refined": _entry(words, clip),
+            "ours_exact": {"mean_abs_start_error": 0.8},
+            "faster_whisper": {"mean_abs_start_error": None},
+            "throughput_ratio": 0.93,
+        }
+    )
+    text = "\n".join(lines)
+    assert "| whisper_lora, refined (default) | 0.300 |" in text
+    assert "words differ" in text and "**0.930**" in text

@@ -98,10 +98,39 @@ def test_temperature_zero_is_the_fallback_schedule(temperature, sent):
         ([("language", "en")], b"x", "'model' is required", "model"),
         (form(response_format="xml"), b"x", "response_format must be one of", "response_format"),
         (
-            form(response_format="verbose_json") + [("timestamp_granularities[]", "word")],
+            form(response_format="verbose_json") + [("timestamp_granularities[]", "char")],
             b"x",
-            "'word' is not supported",
+            "'char' is not supported (segment or word)",
             "timestamp_granularities",
+        ),
+        (
+            form() + [("timestamp_granularities[]", "word")],
+            b"x",
+            "needs response_format verbose_json",
+            "timestamp_granularities",
+        ),
+        (form(max_line_width="20"), b"x", "use response_format srt or vtt", "max_line_width"),
+        (
+            form(response_format="verbose_json", highlight_words="true"),
+            b"x",
+            "use response_format srt or vtt",
+            "highlight_words",
+        ),
+        (form(response_format="srt", max_line_width="0"), b"x", "from 1 to", "max_line_width"),
+        (form(response_format="vtt", max_line_count="-1"), b"x", "from 1 to", "max_line_count"),
+        (form(response_format="srt", max_line_count="2.5"), b"x", "got '2.5'", "max_line_count"),
+        (form(response_format="srt", max_line_count="²"), b"x", "from 1 to", "max_line_count"),
+        (
+            form(response_format="srt", max_words_per_line="9" * 5000),
+            b"x",
+            "from 1 to 10000",
+            "max_words_per_line",
+        ),
+        (
+            form(response_format="vtt", highlight_words="yes"),
+            b"x",
+            "'highlight_words' must be true or false",
+            "highlight_words",
         ),
         (
             form() + [("timestamp_granularities[]", "segment")],
@@ -160,6 +189,84 @@ def test_response_formats():
         [],
     )
     assert body["segments"][1]["temperature"] == 0.2
+
+
+WORD_SEGMENTS = [
+    {
+        "start": 0.0,
+        "end": 0.9,
+        "text": " Hi there.",
+        "words": [
+            {"word": " Hi", "start": 0.0, "end": 0.3, "probability": 0.9},
+            {"word": " there.", "start": 0.4, "end": 0.9, "probability": 0.8},
+        ],
+    },
+    {
+        "start": 2.0,
+        "end": 2.5,
+        "text": " Bye.",
+        "words": [{"word": " Bye.", "start": 2.0, "end": 2.5, "probability": 0.7}],
+    },
+]
+WORDS = [
+    {"word": "Hi", "start": 0.0, "end": 0.3},
+    {"word": "there.", "start": 0.4, "end": 0.9},
+    {"word": "Bye.", "start": 2.0, "end": 2.5},
+]
+
+
+@pytest.mark.parametrize(
+    ("granularities", "keys"),
+    [
+        ([], {"segments"}),
+        (["segment"], {"segments"}),
+        (["word"], {"words"}),
+        (["word", "segment"], {"words", "segments"}),
+        (["segment", "word", "word"], {"words", "segments"}),
+    ],
+)
+def test_word_granularity(granularities, keys):
+    fields = form(response_format="verbose_json") + [
+        ("timestamp_granularities[]", g) for g in granularities
+    ]
+    request = audio.parse_form("transcribe", fields, b"x")
+    sent = json.loads(request.triton_fields().get("sampling_parameters", "{}"))
+    assert sent.get("word_timestamps", False) is ("word" in granularities)
+    assert request.triton_fields()["timestamps"] is True
+    outputs = {"text_output": " Hi there. Bye.", "segments": json.dumps(WORD_SEGMENTS)}
+    body = audio.render(request, outputs)[1]
+    assert {"words", "segments"} & set(body) == keys
+    if "words" in keys:
+        assert body["words"] == WORDS  # OpenAI's shape: no leading space, no probability
+    if "segments" in keys:
+        assert [s["text"] for s in body["segments"]] == [" Hi there.", " Bye."]
+        assert "words" not in body["segments"][0]
+
+
+def test_writer_options_ask_for_word_timings_and_lay_out_cues():
+    request = audio.parse_form(
+        "transcribe",
+        form(response_format="srt", max_line_width="8", max_line_count="1", beam_size="2"),
+        b"x",
+    )
+    assert json.loads(request.triton_fields()["sampling_parameters"]) == {
+        "beam_size": 2,
+        "word_timestamps": True,
+    }
+    outputs = {"text_output": "", "segments": json.dumps(WORD_SEGMENTS)}
+    assert audio.render(request, outputs)[1] == (
+        "1\n00:00:00,000 --> 00:00:00,300\nHi\n\n"
+        "2\n00:00:00,400 --> 00:00:00,900\nthere.\n\n"
+        "3\n00:00:02,000 --> 00:00:02,500\nBye.\n\n"
+    )
+    highlight = audio.parse_form(
+        "transcribe", form(response_format="vtt", highlight_words="1"), b"x"
+    )
+    body = audio.render(highlight, outputs)[1]
+    assert body.startswith("WEBVTT\n\n00:00:00.000 --> 00:00:00.300\n<u>Hi</u> there.\n\n")
+    # Segment cues stay as they were when no word timings are asked for.
+    plain = audio.parse_form("transcribe", form(response_format="srt"), b"x")
+    assert "sampling_parameters" not in plain.triton_fields()
 
 
 def test_transcript_event_shapes():

@@ -93,3 +93,39 @@ def test_transcription_fields_carry_whisper_decoding_options():
         beam_rule = hotwords = prefix = None
 
     assert _decoding(Schedule)["temperature"] == [0.0, 0.5]
+
+
+def test_word_timestamps_print_one_line_per_word(capsys):
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from lora_client import openai_examples
+    from lora_client.cli import _print_words, main
+
+    segments = [
+        {"start": 0.0, "end": 0.9, "text": " Hi there.", "words": [
+            {"word": " Hi", "start": 0.0, "end": 0.3, "probability": 0.91},
+            {"word": " there.", "start": 0.42, "end": 0.9, "probability": 0.805},
+        ]},
+        {"start": 61.0, "end": 61.5, "text": " Bye.", "words": [
+            {"word": " Bye.", "start": 61.0, "end": 61.5, "probability": 1.0},
+        ]},
+    ]  # fmt: skip
+    _print_words(SimpleNamespace(outputs={"segments": [json.dumps(segments)]}))
+    assert capsys.readouterr().out.splitlines() == [
+        "    0.00     0.30  0.910 Hi",
+        "    0.42     0.90  0.805 there.",
+        "   61.00    61.50  1.000 Bye.",
+    ]
+    # --show: the same request through the OpenAI API asks for word granularity.
+    main(["transcribe", "a.wav", "--word-timestamps", "--no-word-timestamps-refine",
+          "--show", "curl"])  # fmt: skip
+    shown = capsys.readouterr().out
+    assert "timestamp_granularities[]=segment" in shown
+    assert "timestamp_granularities[]=word" in shown and "word_timestamps_refine=false" in shown
+    assert "word_timestamps=" not in shown
+    endpoint, fields, extra = openai_examples.speech_request(
+        Path("a.wav"), "whisper_lora", word_timestamps=True
+    )
+    assert fields["timestamp_granularities"] == ["segment", "word"] and extra == {}

@@ -22,8 +22,8 @@ from lora_serving.launcher import REPO_ROOT
 
 MODEL_KINDS = ("whisper", "qwen_vl")
 # Parts of a run, in order: each model's figures, then word error rate vs faster-whisper (wer.py),
-# then throughput vs faster-whisper (P7, whisper_speed.py).
-PARTS = (*MODEL_KINDS, "wer", "speed")
+# then throughput vs faster-whisper (P7, whisper_speed.py), then word timings (word_timing.py).
+PARTS = (*MODEL_KINDS, "wer", "speed", "words")
 # Real Whisper sizes the wer part can compare (demo folders, lora_serving.demo.whisper).
 WER_MODELS = ("whisper-base", "whisper-tiny.en")
 

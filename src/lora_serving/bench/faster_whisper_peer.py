@@ -12,7 +12,8 @@ JOB.json: {"model_dir": folder with model.bin, config.json, tokenizer.json, voca
 A setting with `batch_size` runs through faster-whisper's BatchedInferencePipeline (its way
 with long recordings: 30 s pieces decoded together) instead of WhisperModel.transcribe.
 Prints one JSON object to stdout: {name: {"texts": [...], "seconds": [...], "segments": [...]}},
-one entry per file, in order (a file's segments: [{"start", "end", "text"}]); each setting (or
+one entry per file, in order (a file's segments: [{"start", "end", "text"}], with "words" under
+word_timestamps=True); each setting (or
 only the first, with "warm_up": "once") first transcribes the first file once, untimed. A file's
 time covers transcribe() and consuming its segments (decoding the file included, as the server
 decodes the file it is sent).
@@ -22,6 +23,17 @@ import json
 import sys
 import time
 from pathlib import Path
+
+
+def _segment(segment) -> dict:
+    """A segment as JSON; with word_timestamps=True its words too."""
+    kept = {"start": segment.start, "end": segment.end, "text": segment.text}
+    if segment.words:
+        kept["words"] = [
+            {"word": w.word, "start": w.start, "end": w.end, "probability": w.probability}
+            for w in segment.words
+        ]
+    return kept
 
 
 def run(job: dict) -> dict:
@@ -50,7 +62,7 @@ def run(job: dict) -> dict:
             segments = transcribe(path, options)
             seconds.append(time.perf_counter() - started)
             texts.append("".join(segment.text for segment in segments).strip())
-            kept.append([{"start": s.start, "end": s.end, "text": s.text} for s in segments])
+            kept.append([_segment(s) for s in segments])
         results[name] = {"texts": texts, "seconds": seconds, "segments": kept}
     return results
 

@@ -378,6 +378,10 @@ def render_markdown(results: dict, config: BenchConfig, plots: list[str]) -> str
         speed_plot = next((p for p in plots if Path(p).stem == speed_report.PLOT), None)
         out += ["", *speed_report.section(results["speed"], speed_plot)]
         plots = [p for p in plots if p != speed_plot]
+    if "words" in results:
+        from lora_serving.bench import word_timing
+
+        out += ["", *word_timing.report_lines(results["words"])]
     out += ["", "## How each figure is measured", ""]
     out += [f"- {line}" for line in method_notes(config)]
     if plots:

@@ -27,6 +27,10 @@ whisper-base weights, at whisper_lora's defaults and at beam 5.
 
 Then ("speed", whisper_speed.py): P7, whisper_lora's audio seconds per second ÷ faster-whisper
 int8's, on 54 short clips and on one long recording, whisper_lora served at float32 and bf16.
+
+Then ("words", word_timing.py): word-start accuracy on espeak-ng words joined by known silences
+(whisper_lora refined and not, faster-whisper word_timestamps=True) and whisper_lora's
+throughput with word timings ÷ without.
 """
 
 import argparse
@@ -562,6 +566,12 @@ class Bench:
         self.log("== wer: whisper_lora vs faster-whisper, word error rate and time")
         self.results["wer"] = wer.measure(self.config, self.out, self.log, self.meter)
 
+    def run_words(self) -> None:
+        from lora_serving.bench import word_timing
+
+        self.log("== words: word-timing accuracy vs faster-whisper, cost of word timings")
+        self.results["words"] = word_timing.measure(self.config, self.out, self.log, self.meter)
+
     def run_speed(self) -> None:
         from lora_serving.bench import whisper_speed
 
@@ -579,11 +589,15 @@ class Bench:
                     self.run_wer()
                 elif kind == "speed":
                     self.run_speed()
+                elif kind == "words":
+                    self.run_words()
                 else:
                     self.run_model(kind)
             except Exception as err:
                 self.log(f"!! {kind} failed: {err!r}")
-                failed = self.results if kind in ("wer", "speed") else self.results["models"]
+                failed = (
+                    self.results if kind in ("wer", "speed", "words") else self.results["models"]
+                )
                 failed.setdefault(kind, {})["error"] = "".join(traceback.format_exception(err))
             self.results["total_s"] = time.monotonic() - started
             (self.out / "results.json").write_text(json.dumps(self.results, indent=1))
@@ -599,6 +613,7 @@ class Bench:
             *self.results["models"].values(),
             self.results.get("wer", {}),
             self.results.get("speed", {}),
+            self.results.get("words", {}),
         ]
         return any("error" in result for result in parts)
 
@@ -645,8 +660,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, help="JSON file with bench settings")
     parser.add_argument(
         "--models",
-        help="comma-separated parts to run: whisper,qwen_vl,wer,speed (default all; wer: word "
-        "error rate vs faster-whisper, speed: P7 throughput vs faster-whisper; minutes each)",
+        help="comma-separated parts to run: whisper,qwen_vl,wer,speed,words (default all; wer: "
+        "word error rate vs faster-whisper, speed: P7 throughput vs faster-whisper, words: word "
+        "timing accuracy and cost; minutes each)",
     )
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--whisper-concurrency", help="e.g. 1,2,4")

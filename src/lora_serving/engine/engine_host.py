@@ -23,6 +23,7 @@ from lora_serving.adapters.catalog import Adapter
 from lora_serving.engine.job_guard import JobGuard
 from lora_serving.engine.lora_slots import (
     ADAPTER_LOADS_METHOD,
+    ALIGNMENT_METHOD,
     ENCODER_COUNTS_METHOD,
     EXTENSION,
     SLOT_IDS_METHOD,
@@ -41,6 +42,7 @@ from lora_serving.metrics import (
     adapter_label,
 )
 from lora_serving.settings import EngineSettings
+from lora_serving.vllm_plugin.whisper_alignment import EXTRA_ARG as ALIGNMENT_EXTRA_ARG
 
 # Bounds on engine utility calls: loading one adapter from a local disk takes far less.
 LOAD_TIMEOUT_S = 120.0
@@ -268,6 +270,17 @@ class EngineHost:
                 f"the engine did not answer {what} within {timeout_s:g} s"
             ) from None
 
+    async def _take_alignment(self, key: str) -> dict:
+        """What the engine captured for the request flagged `key` (the worker extension's
+        ALIGNMENT_METHOD; an error entry when it has none)."""
+        call = self.engine.collective_rpc(ALIGNMENT_METHOD, args=(key,))
+        try:
+            return (await self._ask_engine("the word alignment", call, QUERY_TIMEOUT_S))[0]
+        except EngineUnavailable:
+            raise
+        except Exception as err:  # no worker extension (model.json names another one)
+            return {"error": f"the engine cannot hand back word alignments ({err})"}
+
     # ---- generation (loop thread) ------------------------------------------------------------
     async def generate(
         self,
@@ -371,6 +384,7 @@ class EngineHost:
         try:
             sampling = dict(sampling)
             final_only = sampling.pop(FINAL_ONLY, False)  # popped whatever `stream` says
+            alignment_key = _alignment_key(sampling)
             live = stream and not final_only
             params = SamplingParams(
                 **_with_structured_outputs(sampling),
@@ -394,6 +408,8 @@ class EngineHost:
                 sent_chars = len(text)
                 finished = output.finished
                 counts = (chunk.num_prompt_tokens, chunk.num_output_tokens)
+                if finished and alignment_key is not None:
+                    chunk.alignment = await self._take_alignment(alignment_key)
                 if first_token_s is None and chunk.token_ids:
                     first_token_s = _first_token_latency(output, submitted)
                 yield chunk
@@ -419,6 +435,11 @@ class EngineHost:
                 )
             if not finished:
                 await engine.abort(request_id)
+
+
+def _alignment_key(sampling: dict[str, Any]) -> str | None:
+    flag = (sampling.get("extra_args") or {}).get(ALIGNMENT_EXTRA_ARG)
+    return None if not flag else str(flag["key"])
 
 
 def _first_token_latency(output, submitted: float) -> float:

@@ -12,6 +12,7 @@ EXTENSION = "lora_serving.engine.lora_slots.LoRASlotsExtension"
 SLOT_IDS_METHOD = "lora_serving_slot_ids"
 ENCODER_COUNTS_METHOD = "lora_serving_encoder_counts"
 ADAPTER_LOADS_METHOD = "lora_serving_adapter_loads"
+ALIGNMENT_METHOD = "lora_serving_take_alignment"
 
 
 class LoRASlotsExtension:
@@ -64,3 +65,10 @@ class LoRASlotsExtension:
         if cross is not None:
             counts.update(cross.counts())
         return {**encoder_counts(self.model_runner), **counts}
+
+    def lora_serving_take_alignment(self, key: str) -> dict:
+        """A Whisper word-timestamp alignment captured for the request flagged `key`
+        (vllm_plugin.whisper_alignment), removed from the engine as it is taken."""
+        from lora_serving.vllm_plugin import whisper_alignment
+
+        return whisper_alignment.take(self.model_runner, key)

@@ -23,6 +23,7 @@ openai-whisper and transformers' `generate(prompt_ids=...)` send it: our vLLM pl
 in front.
 """
 
+import asyncio
 import dataclasses
 import functools
 import json
@@ -35,7 +36,7 @@ import numpy as np
 
 from lora_serving import audio
 from lora_serving.adapters.catalog import AdapterCatalog
-from lora_serving.errors import InvalidRequest
+from lora_serving.errors import EngineUnavailable, InvalidRequest
 from lora_serving.jobs import FINAL_ONLY, GenerationChunk, GenerationJob, RequestPlan, Stream
 from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
@@ -46,6 +47,9 @@ from lora_serving.tasks import (
     whisper_timestamps,
     whisper_tokenizer_check,
     whisper_vad,
+    whisper_windows,
+    whisper_word_refine,
+    whisper_words,
 )
 from lora_serving.tasks.base import RowReader
 from lora_serving.tasks.whisper_beam import FASTER_WHISPER, BeamOptions, beam_search
@@ -59,6 +63,7 @@ from lora_serving.tasks.whisper_quality import (
 )
 from lora_serving.tasks.whisper_windows import decode_seeking, decode_windows
 from lora_serving.vllm_plugin import whisper_decoder_prompt
+from lora_serving.vllm_plugin.whisper_alignment import EXTRA_ARG as ALIGNMENT_EXTRA_ARG
 from lora_serving.vllm_plugin.whisper_encoder_lora import (
     encoder_lora_supported,
     unapplied_adapter_modules,
@@ -126,6 +131,9 @@ class TranscriptionTask:
         if self.max_logprobs < 0:
             self.max_logprobs = vocab_size
         self._decoder_prompt_kept: bool | None = None
+        self.alignment_heads = _alignment_heads(Path(settings.engine_args["model"]))
+        self.token_text = None  # whisper_words.TokenText, built on the first word request
+        self.eager = bool(settings.engine_args.get("enforce_eager"))
         self.timestamp_rules = {
             "timestamp_begin": tokenizer.convert_tokens_to_ids("<|0.00|>"),
             "eot": tokenizer.eos_token_id,
@@ -204,7 +212,10 @@ class TranscriptionTask:
                 "task 'translate' is not available: this model is English-only (it transcribes "
                 "English only); send task 'transcribe' or leave it out"
             )
-        timestamps = raw.boolean("timestamps", row, default=False)
+        word_timestamps = options["word_timestamps"]
+        timestamps = raw.boolean("timestamps", row, default=False) or word_timestamps
+        if word_timestamps:
+            self._check_word_timestamps(task)
         suppressed = self.suppression.resolve(options)
         beam = BeamOptions(
             options["beam_size"],
@@ -238,6 +249,7 @@ class TranscriptionTask:
                 "segments": [],  # filled while decoding with timestamps
                 "outcomes": [],  # each window's accepted attempt (whisper_quality)
                 "nonce": uuid.uuid4().hex,  # names the row's windows for the encoder memo
+                "words": WordOptions.from_options(options) if word_timestamps else None,
                 "outputs": additional_outputs.requested(raw, range(raw.batch_size)),
             },
         )
@@ -248,6 +260,20 @@ class TranscriptionTask:
         if options["vad_filter"]:
             whisper_vad.filter_job(job, self.speech_detector, options["vad_parameters"])
         return job
+
+    def _check_word_timestamps(self, task: str) -> None:
+        if not self.alignment_heads:
+            raise InvalidRequest(
+                "word_timestamps needs the model's alignment heads (generation_config.json "
+                "'alignment_heads'), which this model does not have"
+            )
+        if not self.eager:
+            raise InvalidRequest(
+                "word_timestamps needs the engine in eager mode (enforce_eager in model.json): "
+                "the alignment heads cannot be read from its compiled decoder"
+            )
+        if task == "translate":  # openai-whisper: "not supported for translations"
+            raise InvalidRequest("word_timestamps is not supported with task 'translate'")
 
     def _check_beam(self, beam: BeamOptions, timestamps: bool, suppressed) -> None:
         if beam.size == 1:
@@ -420,6 +446,7 @@ class TranscriptionTask:
                 first=samples is first_window,
             )
             name = f"{context['nonce']}-{next(windows)}"  # shared by the window's requests
+            context["window_name"] = name  # the window's word alignment shares it too
             quality = context["quality"]
             probe = None
             if quality.no_speech_threshold is not None:
@@ -442,7 +469,91 @@ class TranscriptionTask:
             condition_on_previous_text=context["condition_on_previous_text"],
             initial_prompt=context["previous_ids"],
             timestamp_begin=self.timestamp_rules["timestamp_begin"],
+            align=None if context["words"] is None else functools.partial(self._align, job, stream),
         )
+
+    async def _align(self, job: GenerationJob, stream: Stream, samples, segments, offset_s):
+        """A window's words: one teacher-forced engine request with the row's adapter, the
+        window's audio and its text (vllm_plugin/whisper_alignment captures the alignment
+        heads), then openai-whisper's timing steps (whisper_words), then the refinement.
+        Returns openai-whisper's last word end (where its next window would start)."""
+        context = job.context
+        words: WordOptions = context["words"]
+        eot = self.timestamp_rules["eot"]
+        text_tokens = whisper_words.window_text_tokens(segments, eot)
+        if not text_tokens:
+            for segment in segments:
+                segment["words"] = []
+            return None
+        sot = context["task_ids"]  # <|startoftranscript|> <|xx|> <|task|> (timestamps: no more)
+        ids = [*sot, self.special["notimestamps"], *text_tokens, eot]
+        if len(ids) > self.max_model_len:
+            raise InvalidRequest(
+                f"a window's text ({len(text_tokens)} tokens) is too long to align its words"
+            )
+        frames = len(samples) // whisper_windows.SAMPLES_PER_FRAME  # openai-whisper's num_frames
+        flag = {
+            "key": f"{context['window_name']}-words",
+            "heads": self.alignment_heads,
+            "frames": frames // 2,
+            "text_from": len(sot),
+            "eot": eot,
+        }
+        sampling = {
+            "temperature": 0.0,
+            "max_tokens": 1,
+            "detokenize": False,
+            "extra_args": {ALIGNMENT_EXTRA_ARG: flag},
+            FINAL_ONLY: True,
+        }
+        last = None
+        async for chunk in stream(_whisper_prompt(samples, ids, context["window_name"]), sampling):
+            last = chunk
+        result = last.alignment if last is not None else None
+        if not result or "error" in result:
+            why = (result or {}).get("error", "the engine gave none")
+            raise EngineUnavailable(f"word timestamps could not be aligned: {why}")
+        matrix = np.frombuffer(result["matrix"], dtype=np.float32).reshape(result["shape"])
+        if self.token_text is None:
+            self.token_text = whisper_words.TokenText(self.tokenizer)
+        alignment = whisper_words.word_timings(
+            matrix,
+            result["probabilities"],
+            text_tokens,
+            functools.partial(
+                whisper_words.split_to_word_tokens,
+                decode=self.token_text,
+                eot=eot,
+                language=context["language"],
+            ),
+            eot,
+        )
+        whisper_words.add_word_timestamps(
+            segments,
+            alignment,
+            time_offset=offset_s,
+            last_speech_timestamp=context.get("last_speech_s", 0.0),
+            prepend_punctuations=words.prepend_punctuations,
+            append_punctuations=words.append_punctuations,
+        )
+        end = whisper_words.last_word_end(segments)
+        if end is not None:
+            context["last_speech_s"] = end
+        if words.refine:
+            whisper_word_refine.refine(segments, await self._speech(context))
+        return end
+
+    async def _speech(self, context: dict) -> list:
+        """Where the row's (decoded) samples hold speech, for word_timestamps_refine: Silero VAD
+        once per row, off the engine loop."""
+        if "word_speech" not in context:
+            chunks = await asyncio.to_thread(
+                self.speech_detector.speech_chunks,
+                context["samples"],
+                whisper_word_refine.SPEECH_OPTIONS,
+            )
+            context["word_speech"] = whisper_word_refine.speech_spans(chunks)
+        return context["word_speech"]
 
     async def _attempt(self, job, stream: Stream, samples, ids: list[int], name: str, temperature):
         """One decoding of a window at one temperature: the engine's chunks, or a beam search's
@@ -539,6 +650,30 @@ def _whisper_prompt(
         "encoder_prompt": encoder_prompt,
         "decoder_prompt": {"prompt_token_ids": list(decoder_ids)},
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class WordOptions:
+    prepend_punctuations: str
+    append_punctuations: str
+    refine: bool
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> "WordOptions":
+        return cls(
+            options["prepend_punctuations"],
+            options["append_punctuations"],
+            options["word_timestamps_refine"],
+        )
+
+
+def _alignment_heads(model_dir: Path) -> list[list[int]]:
+    """generation_config `alignment_heads`: [[decoder layer, head], ...] ([] without one)."""
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return []
+    heads = json.loads(path.read_text()).get("alignment_heads") or []
+    return [[int(layer), int(head)] for layer, head in heads]
 
 
 def _encoder_lora_enabled(settings: EngineSettings) -> bool:

@@ -30,6 +30,11 @@ Beam search (whisper_beam): `beam_size` (1: greedy), `patience` (1.0), `length_p
 `beam_rule` ("faster-whisper", the default: CTranslate2's search as faster-whisper runs it, with
 openai-whisper's meaning of `patience`, also with timestamps; "transformers": equal to
 transformers' `generate(num_beams=N)`).
+
+Word timestamps (whisper_words, openai-whisper's `transcribe(word_timestamps=True)`):
+`word_timestamps` (false; true implies `timestamps`), `prepend_punctuations` / `append_punctuations`
+(openai-whisper's defaults), `word_timestamps_refine` (true: word edges trimmed to the speech
+Silero VAD hears in them; false: openai-whisper's timings exactly).
 """
 
 import json
@@ -39,7 +44,7 @@ from typing import Any
 
 from lora_serving.errors import ConfigError
 from lora_serving.sampling import Field, check_field
-from lora_serving.tasks import whisper_vad
+from lora_serving.tasks import whisper_vad, whisper_words
 from lora_serving.tasks.whisper_beam import BEAM_RULES, FASTER_WHISPER, MAX_BEAM_SIZE
 
 MODEL_SET = -1  # openai-whisper's marker for the model's own non-speech set
@@ -58,7 +63,12 @@ DEFAULTS = {
     "beam_rule": FASTER_WHISPER,
     "hotwords": None,
     "prefix": None,
+    "word_timestamps": False,
+    "prepend_punctuations": whisper_words.PREPEND_PUNCTUATIONS,
+    "append_punctuations": whisper_words.APPEND_PUNCTUATIONS,
+    "word_timestamps_refine": True,
 }
+MAX_PUNCTUATIONS = 64  # characters in prepend_punctuations / append_punctuations
 MAX_TEMPERATURES = 16
 
 DEFAULTS |= whisper_vad.DEFAULTS  # vad_filter, vad_parameters: voice activity detection
@@ -132,7 +142,19 @@ def task_fields(vocab_size: int) -> dict[str, Field]:
         "beam_rule": ((str,), lambda v: v in BEAM_RULES, f"one of {', '.join(BEAM_RULES)}"),
         "hotwords": ((str, type(None)), lambda v: True, "text, or null (none)"),
         "prefix": ((str, type(None)), lambda v: True, "text, or null (none)"),
+        "word_timestamps": ((bool,), lambda v: True, "true or false"),
+        "prepend_punctuations": _punctuations(),
+        "append_punctuations": _punctuations(),
+        "word_timestamps_refine": ((bool,), lambda v: True, "true or false"),
     }
+
+
+def _punctuations() -> Field:
+    return (
+        (str,),
+        lambda v: len(v) <= MAX_PUNCTUATIONS,
+        f"a string of at most {MAX_PUNCTUATIONS} punctuation characters",
+    )
 
 
 def _is_number(value) -> bool:

@@ -164,10 +164,11 @@ class SpeechMap:
         return round(self.dropped_before[index] + time_s, 2)
 
     def restore(self, segments: list[dict]) -> None:
-        """Rewrite {start, end, text} segments, in place, to original times."""
+        """Rewrite {start, end, text} segments and their words, in place, to original times."""
         for segment in segments:
-            segment["start"] = self.original_time(segment["start"])
-            segment["end"] = self.original_time(segment["end"], is_end=True)
+            for timed in [segment, *segment.get("words", ())]:
+                timed["start"] = self.original_time(timed["start"])
+                timed["end"] = self.original_time(timed["end"], is_end=True)
 
 
 def speech_windows(samples: np.ndarray, chunks: list[Chunk]) -> list[AudioWindow]:

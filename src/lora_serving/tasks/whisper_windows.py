@@ -15,7 +15,7 @@ finished and holds the whole transcript.
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 
@@ -26,6 +26,12 @@ from lora_serving.tasks.whisper_timestamps import SECONDS_PER_TIMESTAMP, WindowR
 # A window's samples -> the chunks of its decoding (whisper_quality.decode_window), the last one
 # finished; with timestamps, also the tokens said before it (condition_on_previous_text).
 WindowDecoder = Callable[..., AsyncIterator[GenerationChunk]]
+# With word timestamps: a window's segments (start, end in seconds of the recording, text
+# `tokens`) -> the same with `words`, times refined (whisper_words.add_word_timestamps);
+# returns openai-whisper's last word end (whisper_words.last_word_end), None without words.
+WindowAligner = Callable[[np.ndarray, list[dict], float], Awaitable[float | None]]
+FRAMES_PER_SECOND = 100  # openai-whisper's mel frames: where a seek may land
+SAMPLES_PER_FRAME = WHISPER_SAMPLE_RATE // FRAMES_PER_SECOND
 # A tail shorter than this is not worth a window of its own (one 20 ms timestamp step is less).
 MIN_WINDOW_SAMPLES = WHISPER_SAMPLE_RATE // 10
 
@@ -113,6 +119,7 @@ async def decode_seeking(
     condition_on_previous_text: bool,
     initial_prompt: list[int],
     timestamp_begin: int,
+    align: WindowAligner | None = None,
 ) -> AsyncIterator[GenerationChunk]:
     """Decode window after window from where the last one's speech ended; fill `segments`.
 
@@ -124,6 +131,10 @@ async def decode_seeking(
     (`decode_window(samples, previous)`), back to the last reset: openai-whisper resets after
     every window without `condition_on_previous_text`, and after a window decoded above
     temperature 0.5.
+
+    With `align` (word timestamps), each decoded window's segments get `words` and times
+    refined by them, and, as openai-whisper does, the next window starts at the last word's end
+    unless the window ended on a single timestamp (said in full).
     """
     said: list[int] = list(initial_prompt)  # tokens since the last reset
 
@@ -135,10 +146,11 @@ async def decode_seeking(
     window_samples = int(WINDOW_SECONDS * WHISPER_SAMPLE_RATE)
     seek = 0
 
-    def add(found, offset_s: float, duration_s: float, quality: dict) -> str:
-        """Record segments (window time); return the text they add to the transcript."""
+    def add(found, offset_s: float, duration_s: float, quality: dict, timed=None) -> str:
+        """Record segments (window time; `timed`: their refined times and words); return the
+        text they add to the transcript."""
         before = separator.join(texts)
-        for start, end, tokens in found:
+        for index, (start, end, tokens) in enumerate(found):
             text = decode(tokens).strip()
             said.extend([timestamp(start), *tokens, timestamp(end)])
             if text:
@@ -151,6 +163,8 @@ async def decode_seeking(
                         **quality,
                     }
                 )
+                if timed is not None:
+                    segments[-1].update(_timed_fields(timed[index]))
         return separator.join(texts)[len(before) :]
 
     while len(samples) - seek >= MIN_WINDOW_SAMPLES or seek == 0:
@@ -160,7 +174,9 @@ async def decode_seeking(
         async for chunk in decode_window(window, list(said)):
             last = chunk
             closed = read(chunk.token_ids).closed
-            if not chunk.finished and len(closed) > shown:  # only when no retry can follow
+            # Only when no retry can follow; with words, a window's segments come out together
+            # once they are aligned.
+            if align is None and not chunk.finished and len(closed) > shown:
                 delta = add(closed[shown:], offset_s, duration_s, {})
                 shown = len(closed)
                 if delta:
@@ -170,19 +186,41 @@ async def decode_seeking(
         if outcome.silent:
             seek += len(window)
             continue
-        found, consumed_s = read(last.token_ids).final(
-            duration_s, cut_short=last.finish_reason == "length"
-        )
+        reading = read(last.token_ids)
+        found, consumed_s = reading.final(duration_s, cut_short=last.finish_reason == "length")
+        timed = None
+        if align is not None:
+            timed = [
+                {
+                    "start": offset_s + min(start, duration_s),
+                    "end": offset_s + min(end, duration_s),
+                    "tokens": list(tokens),
+                }
+                for start, end, tokens in found
+            ]
+            end_s = await align(window, timed, offset_s)
         first_new = len(segments)
-        if delta := add(found[shown:], offset_s, duration_s, outcome.fields()):
+        new_timed = None if timed is None else timed[shown:]
+        if delta := add(found[shown:], offset_s, duration_s, outcome.fields(), new_timed):
             yield GenerationChunk(separator.join(texts), delta, [], [], 0)
         for segment in segments[first_new - shown : first_new]:  # streamed before the outcome
             segment.update(outcome.fields())
         if not condition_on_previous_text or outcome.temperature > 0.5:
             said.clear()
-        seek += max(1, round(consumed_s * WHISPER_SAMPLE_RATE))
+        next_seek = seek + max(1, round(consumed_s * WHISPER_SAMPLE_RATE))
+        if timed is not None and not reading.ends_after_text:
+            if end_s is not None and end_s > offset_s:  # openai-whisper: frames of 10 ms
+                next_seek = round(end_s * FRAMES_PER_SECOND) * SAMPLES_PER_FRAME
+        seek = next_seek
     text = separator.join(texts)
     yield _joined(finals, text, "")
+
+
+def _timed_fields(timed: dict) -> dict:
+    """A segment's times refined by its words (openai-whisper's rounding), and the words; an
+    instantaneous segment keeps no words, as in openai-whisper."""
+    start, end = round(timed["start"], 2), round(timed["end"], 2)
+    return {"start": start, "end": end, "words": timed["words"] if start != end else []}
 
 
 def _joined(chunks: list[GenerationChunk], text: str, delta: str) -> GenerationChunk:

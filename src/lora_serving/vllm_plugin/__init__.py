@@ -156,6 +156,14 @@ def register() -> None:
             "the requests of one audio window)"
         )
 
+    from . import whisper_alignment
+
+    if whisper_alignment.apply():
+        applied.append(
+            "whisper_alignment (word timestamps: the alignment heads' cross-attention of "
+            "flagged requests)"
+        )
+
     from . import die_with_parent
 
     if die_with_parent.apply():

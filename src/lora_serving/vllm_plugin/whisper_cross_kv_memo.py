@@ -28,9 +28,10 @@ import contextvars
 import importlib
 import inspect
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from . import whisper_alignment
 from .memo_budget import budget_from_env, tensor_bytes
 from .wrapping import wrap_method
 
@@ -99,6 +100,7 @@ class Step:
     rows: list[int]  # encoder frames per window
     outputs: list  # the very list the runner passes to the model's forward
     base_only: bool = False  # no request of the step has an adapter
+    owners: list[str] = field(default_factory=list)  # vLLM request id of each window
 
 
 def memo_budget_bytes() -> int:
@@ -197,7 +199,7 @@ def _execute_mm_encoder(self, scheduler_output):
     if memo is None:
         return outputs
     memo.pending = None
-    keys, adapters = [], set()
+    keys, adapters, owners = [], set(), []
     for req_id, input_ids in scheduler_output.scheduled_encoder_inputs.items():
         request = self.requests[req_id]
         adapter = request.lora_request.lora_name if request.lora_request else ""
@@ -207,9 +209,10 @@ def _execute_mm_encoder(self, scheduler_output):
             if feature.identifier is None:
                 return outputs
             keys.append(f"{adapter}|{feature.identifier}")
+            owners.append(req_id)
     if len(keys) == len(outputs):
         rows = [int(output.shape[0]) for output in outputs]
-        memo.pending = Step(memo, keys, rows, outputs, base_only=adapters == {""})
+        memo.pending = Step(memo, keys, rows, outputs, adapters == {""}, owners)
     return outputs
 
 
@@ -234,8 +237,10 @@ def _cross_attention_forward(self, hidden_states, encoder_hidden_states):
     q, _ = self.q_proj(hidden_states)
     # Encoder hidden states are only given in a request's first step; later steps read the
     # keys and values from the KV cache.
+    compiling = torch.compiler.is_compiling() or _LAYER_ATTR not in self.__dict__
+    kv = None
     if encoder_hidden_states is not None:
-        if torch.compiler.is_compiling() or _LAYER_ATTR not in self.__dict__:
+        if compiling:
             kv, _ = self.kv_proj(encoder_hidden_states)
         else:
             layer = self.__dict__[_LAYER_ATTR]
@@ -243,6 +248,8 @@ def _cross_attention_forward(self, hidden_states, encoder_hidden_states):
         k, v = kv.split([self.kv_size, self.kv_size], dim=-1)
     else:
         k = v = None
+    if not compiling:  # word timestamps: the alignment heads of a flagged request
+        whisper_alignment.observe(self, self.__dict__[_LAYER_ATTR], q, kv, _current_step.get())
     attn_output = self.attn(q, k, v)
     output, _ = self.out_proj(attn_output)
     return output
