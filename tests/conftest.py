@@ -5,6 +5,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -133,14 +134,65 @@ def start_triton(tmp_path_factory, label: str, load_models: list[str]):
     raise AssertionError("unreachable: the second stalled start raised")
 
 
+class _EarlyStart:
+    """The shared server, started in a thread as soon as collection shows an e2e test: its
+    ~1.5 min start (two engines) then overlaps the unit tests, which leave the second core idle."""
+
+    def __init__(self, tmp_path_factory):
+        self.server = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._start, args=(tmp_path_factory,), name="triton-early-start", daemon=True
+        )
+        self._thread.start()
+
+    def _start(self, tmp_path_factory) -> None:
+        try:
+            self.server = start_triton(
+                tmp_path_factory, "triton", [f"--load-model={name}" for name in _test_models()]
+            )
+        except BaseException as err:  # re-raised by the fixture, in the test that needs it
+            self.error = err
+
+    def result(self):
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.server
+
+
+_early_start: _EarlyStart | None = None
+
+
+def pytest_collection_finish(session):
+    global _early_start
+    e2e = REPO / "tests" / "e2e"
+    if any(e2e in Path(item.path).parents for item in session.items):
+        _early_start = _EarlyStart(session.config._tmp_path_factory)
+
+
+def pytest_unconfigure(config):
+    """A run that ended before any e2e test asked for the server (stopped early, or every e2e
+    test deselected) still stops it, once its start is over."""
+    if _early_start is not None:
+        try:
+            _early_start.result().stop()
+        except BaseException:
+            pass  # the start failed: nothing is left running
+
+
 @pytest.fixture(scope="session")
 def triton_server(demo_models, tmp_path_factory):
     """The one tritonserver of this test run, serving model_repository/ as users start it:
     every model loaded at start, plus the repository API, which tests use to reload a model
     with another model.json."""
-    server = start_triton(
-        tmp_path_factory, "triton", [f"--load-model={name}" for name in _test_models()]
-    )
+    global _early_start
+    if _early_start is not None:
+        server, _early_start = _early_start.result(), None
+    else:
+        server = start_triton(
+            tmp_path_factory, "triton", [f"--load-model={name}" for name in _test_models()]
+        )
     try:
         yield server
     finally:
