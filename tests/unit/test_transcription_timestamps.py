@@ -101,16 +101,37 @@ def test_unfinished_text_is_dropped_and_the_next_window_starts_at_the_last_end()
 
 
 def test_a_window_cut_short_by_max_tokens_is_not_said_in_full():
-    reading = read([TS, 1, TS + 100])
+    reading = read([TS, 1, TS + 100, TS + 100, 2, TS + 150])
     assert reading.final(30.0, cut_short=False)[1] == 30.0
-    assert reading.final(30.0, cut_short=True)[1] == 2.0
+    assert reading.final(30.0, cut_short=True)[1] == 3.0
 
 
-def test_a_window_without_closed_segments_is_one_segment():
-    reading = read([TS + 20, 1, 2, EOT])
-    assert reading.final(7.5, cut_short=False) == ([(0.4, 7.5, [1, 2])], 7.5)
+def test_a_window_without_two_timestamps_in_a_row_is_one_segment_from_its_start():
+    """openai-whisper's transcribe() (and transformers', faster-whisper's): the segment starts
+    at the window's start, ends at the last timestamp (the window's end without one, or when it
+    is <|0.00|>), holds all the text, and the next window starts after this one whole."""
+    assert read([TS + 20, 1, 2, EOT]).final(7.5, cut_short=False) == ([(0.0, 0.4, [1, 2])], 7.5)
+    assert read([TS + 48, 1, TS + 100, EOT]).final(7.5, cut_short=False) == (
+        [(0.0, 2.0, [1])],
+        7.5,
+    )
+    assert read([TS + 48, 1, TS + 100]).final(7.5, cut_short=True) == ([(0.0, 2.0, [1])], 7.5)
+    assert read([TS, 1, 2, EOT]).final(7.5, cut_short=False) == ([(0.0, 7.5, [1, 2])], 7.5)
+    assert read([1, 2, EOT]).final(7.5, cut_short=False) == ([(0.0, 7.5, [1, 2])], 7.5)
     assert read([TS, EOT]).final(7.5, cut_short=False) == ([], 7.5)
     assert read([TS, 1, TS]).final(7.5, cut_short=False)[1] == 7.5  # never stuck at 0.0
+
+
+def test_a_pair_with_nothing_closed_keeps_the_unfinished_text_as_one_segment():
+    assert read([TS, TS, 1, 2, EOT]).final(7.5, cut_short=False) == ([(0.0, 7.5, [1, 2])], 7.5)
+
+
+def test_a_closed_segment_is_confirmed_only_by_the_pair_after_it():
+    """While streaming, a segment closed by a single timestamp may still become part of the
+    window's one segment (no pair follows before <|endoftext|>): only a pair confirms it."""
+    assert read([TS + 48, 1, TS + 100]).confirmed == 0
+    assert read([TS + 48, 1, TS + 100, TS + 100]).confirmed == 1
+    assert read([TS + 48, 1, TS + 100, TS + 100, 2, TS + 150]).confirmed == 1
 
 
 def test_readings_of_partial_output_only_grow():

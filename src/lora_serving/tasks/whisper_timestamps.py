@@ -63,6 +63,8 @@ class WindowReading:
     """One window's output tokens read the way openai-whisper's long-form transcription does.
 
     A segment is closed by the timestamp after its text; text not closed yet is `unfinished`.
+    A closed segment is `confirmed` once the next timestamp follows its closing one (a pair, as
+    `<|2.00|><|2.00|>`): only then is it certain to stay as read (see `final`).
     Times are seconds from the start of the window.
     """
 
@@ -70,17 +72,26 @@ class WindowReading:
     unfinished: list[int]
     opened_at: float  # the timestamp that opened the unfinished text
     ends_after_text: bool  # last token: a timestamp right after text (a closed last segment)
+    confirmed: int = 0  # how many of `closed` a following pair of timestamps confirmed
+    paired: bool = False  # two timestamp tokens in a row somewhere
+    last_time: float | None = None  # the last timestamp's time, if any
 
     def final(
         self, duration_s: float, *, cut_short: bool
     ) -> tuple[list[tuple[float, float, list[int]]], float]:
         """(segments, seconds consumed) once the window is decoded (`cut_short`: by max_tokens).
 
-        openai-whisper's rule: a window that ends on a closed segment has been said in full;
-        otherwise its unfinished text is dropped and the next window starts where the last
-        closed segment ended, so no speech falls between windows. A window without any closed
-        segment is one segment.
+        openai-whisper's rule (transformers' and faster-whisper's too): a window without two
+        timestamps in a row is one segment from the window's start to its last timestamp (to its
+        end when there is none, or it is <|0.00|>), and the next window starts after it whole.
+        Otherwise a window that ends on a closed segment has been said in full; else its
+        unfinished text is dropped and the next window starts where the last closed segment
+        ended, so no speech falls between windows.
         """
+        if not self.paired:
+            text = [token for *_, tokens in self.closed for token in tokens] + self.unfinished
+            end = self.last_time or duration_s
+            return ([(0.0, end, text)] if text else []), duration_s
         if not self.closed:
             text = [(self.opened_at, duration_s, self.unfinished)] if self.unfinished else []
             return text, duration_s
@@ -93,14 +104,19 @@ def read_window(token_ids: list[int], *, timestamp_begin: int, eot: int) -> Wind
     """Output tokens (as decoded so far, or all of them) -> WindowReading."""
     tokens = token_ids[: token_ids.index(eot)] if eot in token_ids else list(token_ids)
     closed, text, opened_at = [], [], 0.0
+    confirmed, paired, last_time, after_timestamp = 0, False, None, False
     for token in tokens:
         if token >= timestamp_begin:
             time = (token - timestamp_begin) * SECONDS_PER_TIMESTAMP
             if text:
                 closed.append((opened_at, max(time, opened_at), text))
                 text = []
-            opened_at = time
-        elif token < eot:
-            text.append(token)
+            elif after_timestamp:  # a pair: every segment closed so far stays as read
+                paired, confirmed = True, len(closed)
+            opened_at, last_time, after_timestamp = time, time, True
+        else:
+            after_timestamp = False
+            if token < eot:
+                text.append(token)
     ends_after_text = len(tokens) >= 2 and tokens[-1] >= timestamp_begin and tokens[-2] < eot
-    return WindowReading(closed, text, opened_at, ends_after_text)
+    return WindowReading(closed, text, opened_at, ends_after_text, confirmed, paired, last_time)
