@@ -187,3 +187,31 @@ def test_refine_trims_a_word_ending_in_silence():
     words = [{"word": " end.", "start": 2.0, "end": 3.5}]
     whisper_word_refine.refine([{"start": 2.0, "end": 3.5, "words": words}], [(1.9, 2.6)])
     assert (words[0]["start"], words[0]["end"]) == (2.0, 2.6)
+
+
+def test_the_engine_keeps_untaken_alignments_within_its_budget(monkeypatch):
+    from lora_serving.vllm_plugin import whisper_alignment
+
+    monkeypatch.setattr(whisper_alignment, "MAX_RESULT_BYTES", 10)
+    store = whisper_alignment.AlignmentStore()
+    for key in "abc":
+        store.put(key, {"matrix": b"12345", "shape": [1, 1], "probabilities": []})
+    assert list(store.results) == ["b", "c"]  # the oldest, never taken, is dropped
+    assert store.take("c")["matrix"] == b"12345"
+    assert "error" in store.take("c")  # taken once
+    assert "enforce_eager" in store.take("a")["error"]
+
+
+def test_an_alignment_flag_names_the_heads_by_layer():
+    from lora_serving.vllm_plugin.whisper_alignment import AlignmentSpec
+
+    spec = AlignmentSpec.from_extra_arg(
+        {
+            "key": "w-0-words",
+            "heads": [[3, 1], [4, 2], [4, 7]],
+            "frames": 100,
+            "text_from": 3,
+            "eot": 9,
+        }
+    )
+    assert spec.heads == {3: [1], 4: [2, 7]} and spec.frames == 100

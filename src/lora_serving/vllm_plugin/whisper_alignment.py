@@ -17,9 +17,9 @@ are only read.
 Return channel: the result waits in a bounded per-runner store, keyed by the request's own
 `key`, until the serving side takes it with `collective_rpc(ALIGNMENT_METHOD, args=(key,))` (the
 worker extension in engine/lora_slots.py), an ordinary vLLM utility call answered between engine
-steps through vLLM's own channel: no files, the same on the CPU and GPU runners. A result never
-taken (its request cancelled) is dropped once MAX_RESULTS newer ones exist; a capture whose
-request left the engine unfinished is dropped at the next step.
+steps through vLLM's own channel: no files, the same on the CPU and GPU runners. Results never
+taken (their requests cancelled) are dropped, oldest first, beyond MAX_RESULT_BYTES; a capture
+whose request left the engine unfinished is dropped at the next step.
 
 Eager mode only: under torch.compile (the GPU's decoder graph) the cross-attention layer runs
 vLLM's code, nothing is captured, and the take answers with an error the serving side reports.
@@ -31,7 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 EXTRA_ARG = "lora_serving_alignment"
-MAX_RESULTS = 64  # finished alignments waiting to be taken, per runner
+# Finished alignments waiting to be taken, per runner: each is taken right after its request
+# ends (one utility call); this bounds what requests cancelled in between leave behind. A
+# whisper-base window's result is ~0.3 MiB (100 tokens x 750 frames), 2.6 MiB at most.
+MAX_RESULT_BYTES = 96 * 1024 * 1024
 _STORE_ATTR = "_lora_serving_alignment_store"
 
 
@@ -80,8 +83,11 @@ class AlignmentStore:
 
     def put(self, key: str, result: dict) -> None:
         self.results[key] = result
-        while len(self.results) > MAX_RESULTS:
+        while len(self.results) > 1 and self.bytes() > MAX_RESULT_BYTES:
             self.results.popitem(last=False)
+
+    def bytes(self) -> int:
+        return sum(len(result.get("matrix", b"")) for result in self.results.values())
 
     def take(self, key: str) -> dict:
         result = self.results.pop(key, None)
