@@ -146,22 +146,10 @@ def _largest_difference(ours: list[dict], theirs: list[dict]) -> float:
     )
 
 
-# openai-whisper reads a window whose tokens hold no two timestamps in a row (one segment, e.g.
-# "<|0.96|> A quiet student ... <|4.18|>") as ONE segment starting at the window's start
-# (transcribe.py: `start=time_offset`), whatever its first timestamp says; whisper_lora starts it
-# at that timestamp (tasks/whisper_timestamps.py, read_window). On the long clip's second window
-# the segment starts 0.96 s later than openai-whisper's, so openai-whisper's rule "prefer the
-# segment-level start timestamp if the first word is too long" moves the first word " A" to 27.98
-# where openai-whisper keeps 27.12; every other word agrees. strict: passes once that is fixed.
-SINGLE_SEGMENT_START = pytest.mark.xfail(
-    strict=True, reason="a window with one segment starts at its first timestamp, not at the window"
-)
-
-
 @pytest.mark.parametrize(
     ("clip", "kind"),
     [("fox", kind) for kind in KINDS]
-    + [pytest.param("long", None, marks=SINGLE_SEGMENT_START), ("gaps", None)],
+    + [("long", None), ("gaps", None)],
     ids=[f"fox-{kind or 'base'}" for kind in KINDS] + ["long-base", "gaps-base"],
 )
 def test_exact_word_timings_equal_openai_whisper(served, references, clip, kind):

@@ -173,7 +173,8 @@ async def decode_seeking(
         shown, last = 0, None
         async for chunk in decode_window(window, list(said)):
             last = chunk
-            closed = read(chunk.token_ids).closed
+            reading = read(chunk.token_ids)
+            closed = reading.closed[: reading.confirmed]  # those certain to stay as read
             # Only when no retry can follow; with words, a window's segments come out together
             # once they are aligned.
             if align is None and not chunk.finished and len(closed) > shown:
