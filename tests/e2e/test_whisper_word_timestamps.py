@@ -148,8 +148,7 @@ def _largest_difference(ours: list[dict], theirs: list[dict]) -> float:
 
 @pytest.mark.parametrize(
     ("clip", "kind"),
-    [("fox", kind) for kind in KINDS]
-    + [("long", None), ("gaps", None)],
+    [("fox", kind) for kind in KINDS] + [("long", None), ("gaps", None)],
     ids=[f"fox-{kind or 'base'}" for kind in KINDS] + ["long-base", "gaps-base"],
 )
 def test_exact_word_timings_equal_openai_whisper(served, references, clip, kind):
