@@ -43,6 +43,7 @@ class FrontSettings:
     models_ttl_s: float = 1.0
     api_key: str | None = None  # --api-key: one key, every model, admin (vLLM's flag)
     api_keys_file: Path | None = None  # --api-keys-file: named keys, scopes, limits (keys.py)
+    open_metrics: bool = False  # --open-metrics: /metrics needs no admin key even with keys
     # Sent with the admin API's load / unload commands (the models' control token).
     triton_control_token: str | None = None
 
@@ -378,7 +379,11 @@ def create_app(
 def build(settings: FrontSettings) -> ApiKeyAuth:
     """The ASGI application uvicorn serves: keys checked first (a refused caller costs no body
     read), then the body size limit, then the app."""
-    tenancy = Tenancy(api_key=settings.api_key, api_keys_file=settings.api_keys_file)
+    tenancy = Tenancy(
+        api_key=settings.api_key,
+        api_keys_file=settings.api_keys_file,
+        open_metrics=settings.open_metrics,
+    )
     log.info("lora-openai: %s", tenancy.describe())
     app = create_app(settings, tenancy=tenancy)
     return ApiKeyAuth(BodySizeLimit(app, max_bytes=settings.max_body_bytes), tenancy)

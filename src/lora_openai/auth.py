@@ -1,7 +1,9 @@
 """Who is calling: API keys checked before any route runs (pure ASGI middleware).
 
 Paths are sorted into categories once, here, as Triton's openai_frontend does:
-  open      /health, /metrics: no key (probes and the endpoint picker scrape them)
+  open      /health: no key (probes)
+  metrics   /metrics: no key without keys configured; with keys an admin key (it names keys
+            and model ids: a tenant must not read the others'), unless --open-metrics
   admin     /v1/load_lora_adapter, /v1/unload_lora_adapter: an admin key (403 for others)
   tenant    everything else: a key (401 without one or with a wrong one)
 A request that passes carries its `Caller` in the ASGI scope's state (`caller_of(request)`):
@@ -24,7 +26,8 @@ from lora_openai.quotas import LimitExceeded, TenantLimits
 from lora_openai.usage import ANONYMOUS, NO_KEY, Usage
 
 log = logging.getLogger("lora_openai")
-OPEN_PATHS = ("/health", "/metrics")
+OPEN_PATHS = ("/health",)
+METRICS_PATH = "/metrics"
 ADMIN_PATHS = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 
 
@@ -60,13 +63,20 @@ def note_model(request: Request, model_id: str) -> None:
 class Tenancy:
     """The keys (none, `--api-key` or a re-read keys file), their limits and their usage."""
 
-    def __init__(self, *, api_key: str | None = None, api_keys_file: Path | None = None):
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        api_keys_file: Path | None = None,
+        open_metrics: bool = False,
+    ):
         if api_key and api_keys_file:
             raise ValueError("give --api-key or --api-keys-file, not both")
         self._file = KeysFile(api_keys_file) if api_keys_file else None
         self._ring = single_key(api_key) if api_key else None
         self.limits = TenantLimits()
         self.usage = Usage()
+        self.open_metrics = open_metrics  # /metrics without a key even when keys are set
 
     @property
     def enabled(self) -> bool:
@@ -110,6 +120,8 @@ async def _send_error(send, error: OpenAIError) -> None:
 def _category(path: str) -> str:
     if path in OPEN_PATHS:
         return "open"
+    if path == METRICS_PATH:
+        return "metrics"
     if path.rstrip("/") in ADMIN_PATHS:
         return "admin"
     return "tenant"
@@ -124,7 +136,9 @@ class ApiKeyAuth:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         category = _category(scope["path"])
-        if category == "open":
+        if category == "open" or (
+            category == "metrics" and (self.tenancy.open_metrics or not self.tenancy.enabled)
+        ):
             return await self.app(scope, receive, send)
         state = scope.setdefault("state", {})
         status = 500
@@ -175,6 +189,13 @@ class ApiKeyAuth:
                 code="invalid_api_key",
             )
         caller = Caller(entry)
+        if category == "metrics" and not entry.admin:
+            log.info("key %s refused on /metrics: not an admin key", entry.name)
+            return caller, OpenAIError(
+                403,
+                "/metrics needs an admin key (it names every key and model id)",
+                code="permission_denied",
+            )
         if category == "admin" and not entry.admin:
             log.info("key %s refused on %s: not an admin key", entry.name, scope["path"])
             return caller, OpenAIError(

@@ -50,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
         help="YAML file of named keys (SHA-256 digests), their model id patterns, limits and "
         'admin flag; re-read when it changes (README "Tenants")',
     )
+    parser.add_argument(
+        "--open-metrics",
+        action="store_true",
+        help="serve /metrics without a key even when keys are configured (for a scraper that "
+        "cannot send one; it names every key and model id, so keep it from tenants at the "
+        "gateway); by default it then needs an admin key",
+    )
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -62,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         allow_image_urls=args.allow_image_urls,
         api_key=args.api_key,
         api_keys_file=args.api_keys_file,
+        open_metrics=args.open_metrics,
         # Never a flag (command lines are public): the same variable tritonserver reads.
         triton_control_token=os.environ.get("LORA_CONTROL_TOKEN") or None,
     )

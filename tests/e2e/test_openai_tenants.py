@@ -152,7 +152,10 @@ def test_tenants_see_and_use_only_their_models(sdk_run, front, grpc_url, speech,
     assert no_key["error"]["status"] == 401
     assert no_key["error"]["body"]["error"]["code"] == "invalid_api_key"
     assert ok(wrong_keys) == {"401": REFUSED} and ok(other_tenant) == {"404": REFUSED}
-    with urllib.request.urlopen(f"{front.url}/metrics", timeout=10) as response:
+    scrape = urllib.request.Request(
+        f"{front.url}/metrics", headers={"Authorization": f"Bearer {secret('ops')}"}
+    )
+    with urllib.request.urlopen(scrape, timeout=10) as response:
         metrics = response.read().decode()
     assert f'lora_openai_requests_total{{key="globex",model="",status="404"}} {REFUSED + 2}.0' in (
         metrics

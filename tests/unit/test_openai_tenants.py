@@ -238,7 +238,7 @@ def test_usage_per_key_and_model_on_metrics(front):
     client.get("/v1/models", headers={"Authorization": "Bearer wrong"})
     body = {"model": "qwen_vl_lora/beta", "messages": [{"role": "user", "content": "Hi"}]}
     client.post("/v1/chat/completions", json=body, headers=auth("globex"))
-    metrics = client.get("/metrics").text
+    metrics = client.get("/metrics", headers=auth("ops")).text
     assert 'lora_openai_requests_total{key="acme",model="whisper_lora/alpha",status="200"} 1.0' in (
         metrics
     )
@@ -251,6 +251,15 @@ def test_usage_per_key_and_model_on_metrics(front):
         'lora_openai_completion_tokens_total{key="globex",model="qwen_vl_lora/beta"} 1.0' in metrics
     )
     assert 'lora_openai_audio_seconds_total{key="acme",model="whisper_lora/alpha"}' in metrics
+
+
+def test_metrics_name_every_tenant_so_only_an_admin_key_reads_them(front):
+    client, _ = front
+    assert client.get("/metrics").status_code == 401
+    refused = client.get("/metrics", headers=auth("acme"))
+    assert refused.status_code == 403 and "acme" not in refused.text
+    assert client.get("/metrics", headers=auth("ops")).status_code == 200
+    assert client.get("/health").status_code == 200  # probes need no key
 
 
 def test_admin_api(front, caplog):
