@@ -26,6 +26,7 @@ from tests.e2e.triton_calls import grpc_many, sampling
 MODEL = "qwen_vl_lora"
 VIDEO_PROMPT = "What happens?"
 VIDEO_FPS = 4.0
+LOAD_TIMEOUT_S = 600
 
 pytestmark = only_with_model(MODEL)
 
@@ -50,7 +51,12 @@ def qwen3_loaded(grpc_url, qwen3):
     model_json.pop("mm_processor_kwargs")  # the repository's pixel limits are Qwen2-VL's
     model_json["max_loras"] = len(names)  # every adapter in one batch
     multi_lora = {name: str(adapters / name) for name in names}
-    client.load_model(MODEL, config=json.dumps(config), files=model_files(model_json, multi_lora))
+    client.load_model(
+        MODEL,
+        config=json.dumps(config),
+        files=model_files(model_json, multi_lora),
+        client_timeout=LOAD_TIMEOUT_S,  # a stuck load fails the module instead of hanging it
+    )
     try:
         yield
     finally:
