@@ -19,7 +19,7 @@ from tests.conftest import DEMO, only_with_model
 from tests.e2e.test_genai_perf import genai_perf, profile_with_zero_errors  # noqa: F401
 from tests.e2e.test_openai_api import IMAGE_URL, call, front, ok, sdk  # noqa: F401
 from tests.e2e.test_qwen2_5_variant import MODEL_DIR, model_files
-from tests.e2e.test_qwen_vl_lora import MAX_TOKENS, chat_prompt, reference_text, rgb, video_frames
+from tests.e2e.test_qwen_vl_lora import MAX_TOKENS, chat_prompt, rgb, video_frames
 from tests.e2e.test_serving_stack import PROMPT, png, qwen_inputs
 from tests.e2e.triton_calls import grpc_many, sampling
 
@@ -62,6 +62,18 @@ def qwen3_loaded(grpc_url, qwen3):
     finally:
         client.load_model(MODEL)  # back to the repository's files
         assert client.is_model_ready(MODEL)
+
+
+def reference_text(base, adapters, name, prompt, images=(), **kwargs) -> str:
+    """The merged reference's greedy completion as the server streams it: a last token that
+    ends inside a character is held back (random weights here do end so)."""
+    from lora_serving.reference.qwen_vl import reference_generate, streamed_text
+    from lora_serving.tasks import load_tokenizer
+
+    adapter = adapters / name if name else None
+    images = [rgb(data) for data in images]
+    tokens, _ = reference_generate(base, adapter, prompt, images, MAX_TOKENS, **kwargs)
+    return streamed_text(load_tokenizer(str(base)), tokens)
 
 
 def _parameters(name):
