@@ -23,6 +23,8 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def demo_models() -> Path:
     """Built by `make setup`; a missing model is a failure, never a skip."""
+    from lora_serving.demo.qwen3_vl import ADAPTER_PATTERNS as QWEN3_VL_ADAPTERS
+
     needed = [
         "whisper-base",
         "whisper-adapters/alpha",
@@ -37,6 +39,8 @@ def demo_models() -> Path:
         "qwen2_5-vl-tiny",
         "qwen2_5-vl-adapters/alpha",
         "qwen2_5-vl-adapters/beta",
+        "qwen3-vl-tiny",
+        *(f"qwen3-vl-adapters/{name}" for name in QWEN3_VL_ADAPTERS),
     ]
     missing = [name for name in needed if not (DEMO / name).is_dir()]
     assert not missing, f"demo models missing {missing}: run `make setup`"

@@ -39,6 +39,11 @@ def genai_perf(request):
 
 @pytest.mark.parametrize("with_image", [False, True], ids=["text", "image"])
 def test_genai_perf_profiles_qwen_with_zero_errors(genai_perf, grpc_url, tmp_path, with_image):
+    profile_with_zero_errors(genai_perf, grpc_url, tmp_path, DEMO / "qwen2-vl-tiny", with_image)
+
+
+def profile_with_zero_errors(genai_perf, grpc_url, tmp_path, tokenizer_dir, with_image) -> None:
+    """One genai-perf profile of qwen_vl_lora (whichever model it serves); checks its exports."""
     artifacts = tmp_path / "artifacts"
     command = [
         "bash",
@@ -54,7 +59,7 @@ def test_genai_perf_profiles_qwen_with_zero_errors(genai_perf, grpc_url, tmp_pat
         "-u",
         grpc_url,
         "--tokenizer",
-        str(DEMO / "qwen2-vl-tiny"),
+        str(tokenizer_dir),
         "--synthetic-input-tokens-mean",
         "24",
         "--synthetic-input-tokens-stddev",

@@ -13,6 +13,9 @@ Idempotent: finished pieces are kept. Layout under DIR (the model repository ref
                            tiny random model shaped like large-v3 (128 mels, 51,866 tokens, yue)
   qwen2-vl-tiny/, qwen2_5-vl-tiny/                random-init, real Qwen2 tokenizer
   qwen2-vl-adapters/{alpha,beta}, qwen2_5-vl-adapters/{alpha,beta}
+  qwen3-vl-tiny/                                  random-init, real Qwen3 tokenizer, two deepstack
+  qwen3-vl-adapters/{alpha,beta}                  LM, vision blocks, merger and deepstack mergers
+  qwen3-vl-adapters/{language,vision_blocks,merger,deepstack}   one module kind each
 """
 
 import argparse
@@ -21,7 +24,7 @@ from pathlib import Path
 
 
 def build_all(root: Path) -> None:
-    from lora_serving.demo import int8, qwen_vl, whisper
+    from lora_serving.demo import int8, qwen3_vl, qwen_vl, whisper
 
     # Adapters on the encoder and the cross-attention k/v (served through our vLLM plugin).
     whisper_adapter_kinds = {
@@ -72,6 +75,18 @@ def build_all(root: Path) -> None:
                 ),
             )
         )
+    steps += [
+        (
+            "qwen3-vl-tiny (random init, real Qwen3 tokenizer)",
+            lambda: qwen3_vl.build_qwen3_vl_model(root / "qwen3-vl-tiny"),
+        ),
+        (
+            "qwen3-vl adapters",
+            lambda: qwen3_vl.make_qwen3_vl_adapters(
+                root / "qwen3-vl-tiny", root / "qwen3-vl-adapters"
+            ),
+        ),
+    ]
     for number, (title, build) in enumerate(steps, start=1):
         start = time.monotonic()
         print(f"  [{number}/{len(steps)}] {title} ...", flush=True)

@@ -215,10 +215,17 @@ def _tokenizer_config() -> dict:
     }
 
 
-def build_qwen_tokenizer(out_dir: Path) -> None:
+def build_qwen_tokenizer(
+    out_dir: Path,
+    added_tokens: Sequence[tuple[str, bool]] = tuple((token, True) for token in SPECIAL_TOKENS),
+    tokenizer_config: dict | None = None,
+    chat_template: str = QWEN2_VL_CHAT_TEMPLATE,
+) -> None:
     """Write the real Qwen2 / Qwen2-VL fast tokenizer, rebuilt from the tiktoken ranks, to out_dir.
 
     Files: tokenizer.json, vocab.json, merges.txt, tokenizer_config.json and chat_template.jinja.
+    Qwen3 shares the ranks and split; it passes its own added tokens ((text, special) in id order
+    from FIRST_SPECIAL_TOKEN_ID), tokenizer_config.json and chat template.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     ranks = load_qwen_bpe_ranks()
@@ -244,20 +251,24 @@ def build_qwen_tokenizer(out_dir: Path) -> None:
     )
     tokenizer.decoder = decoders.ByteLevel(**byte_level)
     tokenizer.post_processor = processors.ByteLevel(**byte_level)
-    tokenizer.add_special_tokens(
-        [AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS]
-    )
-    for token, token_id in SPECIAL_TOKEN_IDS.items():
-        if tokenizer.token_to_id(token) != token_id:
-            raise AssertionError(f"{token} got id {tokenizer.token_to_id(token)}, not {token_id}")
+    for token, special in added_tokens:  # one by one: ids follow the order given
+        added = AddedToken(token, special=special, normalized=False)
+        (tokenizer.add_special_tokens if special else tokenizer.add_tokens)([added])
+    for offset, (token, _) in enumerate(added_tokens):
+        if tokenizer.token_to_id(token) != FIRST_SPECIAL_TOKEN_ID + offset:
+            raise AssertionError(
+                f"{token} got id {tokenizer.token_to_id(token)}, "
+                f"not {FIRST_SPECIAL_TOKEN_ID + offset}"
+            )
 
     tokenizer.save(str(out_dir / "tokenizer.json"))
     (out_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     (out_dir / "merges.txt").write_text(
         "#version: 0.2\n" + "".join(f"{left} {right}\n" for left, right in merges)
     )
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(), indent=2))
-    (out_dir / "chat_template.jinja").write_text(QWEN2_VL_CHAT_TEMPLATE)
+    config = tokenizer_config if tokenizer_config is not None else _tokenizer_config()
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (out_dir / "chat_template.jinja").write_text(chat_template)
 
 
 def _text_config(variant: QwenVLVariant) -> dict:
@@ -395,7 +406,9 @@ def video_metadata(num_frames: int, fps: float) -> dict:
     }
 
 
-def lora_target_shapes(base_dir: Path) -> dict[str, tuple[int, int]]:
+def lora_target_shapes(
+    base_dir: Path, target_pattern: str = LORA_TARGET_PATTERN
+) -> dict[str, tuple[int, int]]:
     """(out_features, in_features) of every LoRA target, by the module names PEFT sees.
 
     The checkpoint itself uses upstream's older key layout (model.layers.*, visual.*), so the
@@ -404,7 +417,7 @@ def lora_target_shapes(base_dir: Path) -> dict[str, tuple[int, int]]:
     config = AutoConfig.from_pretrained(base_dir)
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(config)
-    pattern = re.compile(LORA_TARGET_PATTERN)
+    pattern = re.compile(target_pattern)
     return {
         name: (module.out_features, module.in_features)
         for name, module in model.named_modules()
@@ -430,6 +443,7 @@ def make_qwen_vl_adapters(
     names: Sequence[str] = ("alpha", "beta"),
     rank: int = 8,
     seed: int = 0,
+    target_pattern: str = LORA_TARGET_PATTERN,
 ) -> list[Path]:
     """Write (once) deterministic random PEFT LoRA adapters over the LM, vision blocks and merger.
 
@@ -437,7 +451,9 @@ def make_qwen_vl_adapters(
     other but never between runs.
     """
     base_dir, out_root = Path(base_dir), Path(out_root)
-    shapes = lora_target_shapes(base_dir)
+    shapes = lora_target_shapes(base_dir, target_pattern)
+    if not shapes:
+        raise ValueError(f"no module of {base_dir} matches {target_pattern!r}")
     adapter_dirs = []
     for name in names:
         adapter_dir = out_root / name
@@ -453,7 +469,7 @@ def make_qwen_vl_adapters(
             r=rank,
             lora_alpha=2 * rank,
             lora_dropout=0.0,
-            target_modules=LORA_TARGET_PATTERN,
+            target_modules=target_pattern,
             bias="none",
             base_model_name_or_path=str(base_dir.resolve()),
         )

@@ -92,6 +92,7 @@ def reference_generate(
         video_kwargs = {
             "videos": videos,
             "video_metadata": [video_metadata(len(frames), video_fps) for frames in videos],
+            "do_sample_frames": False,  # already sampled (Qwen3-VL's processor would resample)
         }
     inputs = _processor(base_dir)(
         text=[prompt], images=images or None, return_tensors="pt", **video_kwargs

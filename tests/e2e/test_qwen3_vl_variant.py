@@ -1,0 +1,143 @@
+"""Qwen3-VL named in model.json: qwen_vl_lora reloaded once with the demo Qwen3-VL (through
+Triton's repository API, as test_qwen2_5_variant does), then restored for the other tests.
+
+Every adapter module kind (language model, vision blocks, merger, deepstack mergers, and two on
+all kinds) shares one batch with the base model, with an image, then with a video, through Triton
+(tritonclient), and through the OpenAI front (openai SDK, images: the front takes no video); each
+answer equals transformers' greedy decoding on the PEFT-merged float32 weights. genai-perf
+profiles the Qwen3-VL model with zero errors. tests/engine/test_qwen3_vl_lora.py checks the same
+adapters token for token and logprob by logprob on the engine alone.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tests.conftest import DEMO, only_with_model
+from tests.e2e.test_genai_perf import genai_perf, profile_with_zero_errors  # noqa: F401
+from tests.e2e.test_openai_api import IMAGE_URL, call, front, ok, sdk  # noqa: F401
+from tests.e2e.test_qwen2_5_variant import MODEL_DIR, model_files
+from tests.e2e.test_qwen_vl_lora import MAX_TOKENS, chat_prompt, rgb, video_frames
+from tests.e2e.test_serving_stack import PROMPT, png, qwen_inputs
+from tests.e2e.triton_calls import grpc_many, sampling
+
+MODEL = "qwen_vl_lora"
+VIDEO_PROMPT = "What happens?"
+VIDEO_FPS = 4.0
+LOAD_TIMEOUT_S = 600
+
+pytestmark = only_with_model(MODEL)
+
+
+@pytest.fixture(scope="module")
+def qwen3(demo_models):
+    """(base folder, adapters folder, adapter names)."""
+    from lora_serving.demo.qwen3_vl import ADAPTER_PATTERNS
+
+    return demo_models / "qwen3-vl-tiny", demo_models / "qwen3-vl-adapters", tuple(ADAPTER_PATTERNS)
+
+
+@pytest.fixture(scope="module")
+def qwen3_loaded(grpc_url, qwen3):
+    base, adapters, names = qwen3
+    client = grpcclient.InferenceServerClient(grpc_url)
+    config = client.get_model_config(MODEL, as_json=True)["config"]
+    # Triton skips a reload whose config is unchanged, even when new files are given.
+    config.setdefault("parameters", {})["variant"] = {"string_value": "qwen3_vl"}
+    model_json = json.loads((MODEL_DIR / "1" / "model.json").read_text())
+    model_json["model"] = str(base)
+    model_json.pop("mm_processor_kwargs")  # the repository's pixel limits are Qwen2-VL's
+    model_json["max_loras"] = len(names)  # every adapter in one batch
+    multi_lora = {name: str(adapters / name) for name in names}
+    client.load_model(
+        MODEL,
+        config=json.dumps(config),
+        files=model_files(model_json, multi_lora),
+        client_timeout=LOAD_TIMEOUT_S,  # a stuck load fails the module instead of hanging it
+    )
+    try:
+        yield
+    finally:
+        client.load_model(MODEL)  # back to the repository's files
+        assert client.is_model_ready(MODEL)
+
+
+def reference_text(base, adapters, name, prompt, images=(), **kwargs) -> str:
+    """The merged reference's greedy completion as the server streams it: a last token that
+    ends inside a character is held back (random weights here do end so)."""
+    from lora_serving.reference.qwen_vl import reference_generate, streamed_text
+    from lora_serving.tasks import load_tokenizer
+
+    adapter = adapters / name if name else None
+    images = [rgb(data) for data in images]
+    tokens, _ = reference_generate(base, adapter, prompt, images, MAX_TOKENS, **kwargs)
+    return streamed_text(load_tokenizer(str(base)), tokens)
+
+
+def _parameters(name):
+    return {"lora_name": name} if name else None
+
+
+def test_every_module_kind_in_one_batch_with_image_and_video(grpc_url, qwen3, qwen3_loaded):
+    """Base and six adapters in one batch with an image, then in one batch with a video."""
+    base, adapters, names = qwen3
+    everyone = (None, *names)
+    video = {
+        "text_input": VIDEO_PROMPT,
+        "video": video_frames(),
+        "video_fps": np.array([[VIDEO_FPS]], dtype=np.float32),
+        "exclude_input_in_output": True,
+        "sampling_parameters": sampling(max_tokens=MAX_TOKENS),
+    }
+    # Images and videos in separate batches: vLLM 0.32 builds the tower LoRA mapping for all the
+    # media of a step but runs the encoder per modality, so a step with both fails (README).
+    outcomes = grpc_many(grpc_url, MODEL, [(qwen_inputs(), _parameters(n)) for n in everyone])
+    outcomes += grpc_many(grpc_url, MODEL, [(video, _parameters(n)) for n in everyone])
+
+    image_prompt = chat_prompt(base, PROMPT, images=1)
+    video_prompt = chat_prompt(base, VIDEO_PROMPT, video=True)
+    frames = [[rgb(frame) for frame in video_frames()]]
+    expected_image = {n: reference_text(base, adapters, n, image_prompt, [png()]) for n in everyone}
+    expected_video = {
+        n: reference_text(base, adapters, n, video_prompt, videos=frames, video_fps=VIDEO_FPS)
+        for n in everyone
+    }
+    for name, outcome in zip(everyone, outcomes[: len(everyone)], strict=True):
+        assert outcome.text == expected_image[name], ("image", name, outcome.error)
+    for name, outcome in zip(everyone, outcomes[len(everyone) :], strict=True):
+        assert outcome.text == expected_video[name], ("video", name, outcome.error)
+    # Each module kind changes the answer: no adapter part is silently ignored.
+    assert len(set(expected_image.values())) == len(everyone), expected_image
+    assert len(set(expected_video.values())) == len(everyone), expected_video
+
+
+def test_openai_sdk_chat_with_an_image(sdk, qwen3, qwen3_loaded):  # noqa: F811
+    """The openai SDK through lora-openai: base, and the deepstack-only adapter streamed."""
+    base, adapters, _ = qwen3
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": IMAGE_URL}},
+                {"type": "text", "text": PROMPT},
+            ],
+        }
+    ]
+    common = {"messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0}
+    plain, streamed = sdk(
+        call("chat", model=MODEL, **common),
+        call("chat_stream", model=f"{MODEL}/deepstack", **common),
+    )
+    prompt = chat_prompt(base, PROMPT, images=1)
+    assert ok(plain)["choices"][0]["message"]["content"] == reference_text(
+        base, adapters, None, prompt, [png()]
+    )
+    chunks = ok(streamed)
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == reference_text(base, adapters, "deepstack", prompt, [png()])
+
+
+def test_genai_perf_profiles_qwen3_vl(genai_perf, grpc_url, tmp_path, qwen3_loaded):  # noqa: F811
+    profile_with_zero_errors(genai_perf, grpc_url, tmp_path, DEMO / "qwen3-vl-tiny", True)
