@@ -2,7 +2,7 @@
 Triton's repository API, as test_qwen2_5_variant does), then restored for the other tests.
 
 Every adapter module kind (language model, vision blocks, merger, deepstack mergers, and two on
-all kinds) shares one batch with the base model, with an image, then with a video, through Triton
+all kinds) shares batches with the base model, images and videos at once, through Triton
 (tritonclient), and through the OpenAI front (openai SDK, images: the front takes no video); each
 answer equals transformers' greedy decoding on the PEFT-merged float32 weights. genai-perf
 profiles the Qwen3-VL model with zero errors. tests/engine/test_qwen3_vl_lora.py checks the same
@@ -81,7 +81,7 @@ def _parameters(name):
 
 
 def test_every_module_kind_in_one_batch_with_image_and_video(grpc_url, qwen3, qwen3_loaded):
-    """Base and six adapters in one batch with an image, then in one batch with a video."""
+    """Base and six adapters, each with an image and with a video, all sent at once."""
     base, adapters, names = qwen3
     everyone = (None, *names)
     video = {
@@ -91,10 +91,15 @@ def test_every_module_kind_in_one_batch_with_image_and_video(grpc_url, qwen3, qw
         "exclude_input_in_output": True,
         "sampling_parameters": sampling(max_tokens=MAX_TOKENS),
     }
-    # Images and videos in separate batches: vLLM 0.32 builds the tower LoRA mapping for all the
-    # media of a step but runs the encoder per modality, so a step with both fails (README).
-    outcomes = grpc_many(grpc_url, MODEL, [(qwen_inputs(), _parameters(n)) for n in everyone])
-    outcomes += grpc_many(grpc_url, MODEL, [(video, _parameters(n)) for n in everyone])
+    # Images and videos at once, so that steps encode both: vLLM 0.32 alone sets one tower LoRA
+    # mapping for all of a step's media but runs the encoder per modality, and the engine died
+    # (our plugin's tower_lora_per_modality encodes each modality with its own mapping).
+    outcomes = grpc_many(
+        grpc_url,
+        MODEL,
+        [(qwen_inputs(), _parameters(n)) for n in everyone]
+        + [(video, _parameters(n)) for n in everyone],
+    )
 
     image_prompt = chat_prompt(base, PROMPT, images=1)
     video_prompt = chat_prompt(base, VIDEO_PROMPT, video=True)

@@ -2,9 +2,10 @@
 
 vLLM 0.32 serves Qwen3-VL's tower LoRA through `enable_tower_connector_lora`: `visual.` blocks on
 the tower's LoRA mapping, `visual.merger` and `visual.deepstack_merger_list` on the connector's.
-One engine, two batches (an image prompt and a video prompt), each with the base model and one
+One engine, one batch of image and video prompts interleaved, each with the base model and one
 adapter per module kind (language model, vision blocks, merger, deepstack mergers) plus two on all
-kinds, so every adapter shares its batch with the base request and with the others. Each output
+kinds, so every adapter shares its batch with the base request and with the others, and the
+encoder steps hold both modalities. Each output
 must equal transformers' greedy decoding on the PEFT-merged float32 weights, token for token.
 """
 
@@ -37,7 +38,7 @@ def qwen3(demo_models):
 
 @pytest.fixture(scope="module")
 def served(qwen3):
-    """{(media, adapter): (token ids, logprobs)} from one vLLM engine, one batch per media."""
+    """{(media, adapter): (token ids, logprobs)} from one vLLM engine, one batch of both media."""
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
@@ -54,7 +55,7 @@ def served(qwen3):
         max_loras=len(adapters),
         max_lora_rank=8,
         max_model_len=2048,
-        max_num_seqs=len(adapters) + 1,
+        max_num_seqs=2 * (len(adapters) + 1),
         limit_mm_per_prompt={"image": 1, "video": 1},
         enable_prefix_caching=False,  # every request's prefill runs in its mixed batch
         seed=0,
@@ -74,18 +75,22 @@ def served(qwen3):
         },
     }
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0)
+    # Images and videos interleaved in one batch, so its first step encodes both modalities
+    # (vLLM alone died there: our plugin's tower_lora_per_modality).
+    keys = [(kind, name) for name in loras for kind in media]
+    requests = [
+        {"prompt": chat_prompt(tokenizer, kind), "multi_modal_data": media[kind]}
+        for kind, _ in keys
+    ]
+    outputs = llm.generate(requests, params, lora_request=[loras[name] for _, name in keys])
     results = {}
-    for kind, data in media.items():
-        prompt = chat_prompt(tokenizer, kind)
-        requests = [{"prompt": prompt, "multi_modal_data": data} for _ in loras]
-        outputs = llm.generate(requests, params, lora_request=list(loras.values()))
-        for name, output in zip(loras, outputs, strict=True):
-            completion = output.outputs[0]
-            logprobs = [
-                step[token].logprob
-                for token, step in zip(completion.token_ids, completion.logprobs, strict=True)
-            ]
-            results[kind, name] = (list(completion.token_ids), logprobs)
+    for key, output in zip(keys, outputs, strict=True):
+        completion = output.outputs[0]
+        logprobs = [
+            step[token].logprob
+            for token, step in zip(completion.token_ids, completion.logprobs, strict=True)
+        ]
+        results[key] = (list(completion.token_ids), logprobs)
     return results
 
 

@@ -21,6 +21,9 @@
   across the requests that decode it (probe, retries, beam steps).
 - whisper_cross_kv_memo (every platform, V1 runner, eager mode): likewise each decoder layer's
   cross-attention keys and values.
+- tower_lora_per_modality (every platform, V1 runner): a step that encodes images and videos
+  together sets the tower/connector LoRA mapping per modality (vLLM's one mapping for all of the
+  step's media killed the engine).
 - die_with_parent (not a defect): an EngineCore or worker dies with the process that started it,
   so a crashed Triton stub leaves no engine behind.
 
@@ -154,6 +157,14 @@ def register() -> None:
         applied.append(
             "whisper_cross_kv_memo (Whisper's cross-attention keys and values are reused by "
             "the requests of one audio window)"
+        )
+
+    from . import tower_lora_per_modality
+
+    if tower_lora_per_modality.apply():
+        applied.append(
+            "tower_lora_per_modality (a step encoding images and videos sets the tower LoRA "
+            "mapping per modality)"
         )
 
     from . import whisper_alignment
