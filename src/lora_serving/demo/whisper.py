@@ -457,9 +457,7 @@ def convert_installed_whisper(out_dir: Path, name: str) -> Path:
     import torch
     from transformers import (
         WhisperConfig,
-        WhisperFeatureExtractor,
         WhisperForConditionalGeneration,
-        WhisperTokenizer,
     )
 
     out_dir = Path(out_dir).absolute()
@@ -503,33 +501,48 @@ def convert_installed_whisper(out_dir: Path, name: str) -> Path:
         generation_config = whisper_generation_config_dict(
             tokenizer_json, token_ids, ct2_config, config.max_target_positions, config.vocab_size
         )
-        (staging / "generation_config.json").write_text(json.dumps(generation_config, indent=2))
-        (staging / "tokenizer.json").write_text(
-            json.dumps(
-                with_timestamp_tokens(with_all_merges(tokenizer_json), vocabulary),
-                ensure_ascii=False,
-            ),
-            encoding="utf-8",
-        )
-        tokenizer = WhisperTokenizer.from_pretrained(
+        save_whisper_folder(
             staging,
-            pad_token="<|endoftext|>",
-            model_max_length=1024,
-            # As upstream: WhisperTokenizer takes the id after the last of these as <|0.00|>.
-            extra_special_tokens=[
-                t["content"] for t in tokenizer_json["added_tokens"] if t["special"]
-            ],
+            out_dir,
+            generation_config=generation_config,
+            tokenizer_json=with_timestamp_tokens(with_all_merges(tokenizer_json), vocabulary),
+            num_mel_bins=config.num_mel_bins,
         )
-        tokenizer.save_pretrained(staging)
-        WhisperFeatureExtractor(
-            feature_size=config.num_mel_bins, sampling_rate=16_000, chunk_length=30
-        ).save_pretrained(staging)
-        for path in staging.iterdir():
-            path.chmod(0o644)  # the safetensors writer leaves 0600; others read this folder
-        shutil.move(staging, out_dir)
         progress.update()
     progress.close()
     return out_dir
+
+
+def save_whisper_folder(
+    staging: Path,
+    out_dir: Path,
+    *,
+    generation_config: dict,
+    tokenizer_json: dict,
+    num_mel_bins: int,
+) -> None:
+    """Beside a saved model in `staging`: its generation config, tokenizer and feature extractor;
+    then the finished folder moves to `out_dir`."""
+    from transformers import WhisperFeatureExtractor, WhisperTokenizer
+
+    (staging / "generation_config.json").write_text(json.dumps(generation_config, indent=2))
+    (staging / "tokenizer.json").write_text(
+        json.dumps(tokenizer_json, ensure_ascii=False), encoding="utf-8"
+    )
+    tokenizer = WhisperTokenizer.from_pretrained(
+        staging,
+        pad_token="<|endoftext|>",
+        model_max_length=1024,
+        # As upstream: WhisperTokenizer takes the id after the last of these as <|0.00|>.
+        extra_special_tokens=[t["content"] for t in tokenizer_json["added_tokens"] if t["special"]],
+    )
+    tokenizer.save_pretrained(staging)
+    WhisperFeatureExtractor(
+        feature_size=num_mel_bins, sampling_rate=16_000, chunk_length=30
+    ).save_pretrained(staging)
+    for path in staging.iterdir():
+        path.chmod(0o644)  # the safetensors writer leaves 0600; others read this folder
+    shutil.move(staging, out_dir)
 
 
 def _adapter_rng(seed: int, name: str) -> np.random.Generator:

@@ -22,11 +22,10 @@ audios, while <|yue|> stays outside the whole vocabulary's top 15 (seed search, 
 """
 
 import json
-import shutil
 import tempfile
 from pathlib import Path
 
-from lora_serving.demo.whisper import HF_MODEL_FILES
+from lora_serving.demo.whisper import HF_MODEL_FILES, save_whisper_folder
 
 SEED = 39
 MEL_BINS = 128
@@ -80,9 +79,7 @@ def build_v3_shape(out_dir: Path, whisper_base: Path) -> Path:
     import torch
     from transformers import (
         WhisperConfig,
-        WhisperFeatureExtractor,
         WhisperForConditionalGeneration,
-        WhisperTokenizer,
     )
 
     out_dir = Path(out_dir).absolute()
@@ -143,23 +140,11 @@ def build_v3_shape(out_dir: Path, whisper_base: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp:
         staging = Path(tmp) / out_dir.name
         model.save_pretrained(staging, safe_serialization=True)
-        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2))
-        (staging / "tokenizer.json").write_text(
-            json.dumps(tokenizer_json, ensure_ascii=False), encoding="utf-8"
-        )
-        tokenizer = WhisperTokenizer.from_pretrained(
+        save_whisper_folder(
             staging,
-            pad_token="<|endoftext|>",
-            model_max_length=1024,
-            extra_special_tokens=[
-                t["content"] for t in tokenizer_json["added_tokens"] if t["special"]
-            ],
+            out_dir,
+            generation_config=generation,
+            tokenizer_json=tokenizer_json,
+            num_mel_bins=MEL_BINS,
         )
-        tokenizer.save_pretrained(staging)
-        WhisperFeatureExtractor(
-            feature_size=MEL_BINS, sampling_rate=16_000, chunk_length=30
-        ).save_pretrained(staging)
-        for path in staging.iterdir():
-            path.chmod(0o644)
-        shutil.move(staging, out_dir)
     return out_dir
