@@ -66,8 +66,7 @@ def front(triton_server, tmp_path_factory):
         print(f"lora-openai log: {log_path}")
 
 
-@pytest.fixture(scope="module")
-def sdk(request, front):
+def sdk_runner(request, base_url: str):
     """run(calls) -> results: the calls made with the openai SDK in its own environment."""
     capture = request.config.pluginmanager.getplugin("capturemanager")
     with capture.global_and_fixture_disabled():
@@ -76,7 +75,7 @@ def sdk(request, front):
     def run(*calls: dict) -> list:
         done = subprocess.run(
             ["bash", str(SDK), str(CLIENT)],
-            input=json.dumps({"base_url": front, "calls": list(calls)}),
+            input=json.dumps({"base_url": base_url, "calls": list(calls)}),
             capture_output=True,
             text=True,
             timeout=600,
@@ -85,6 +84,11 @@ def sdk(request, front):
         return json.loads(done.stdout)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def sdk(request, front):
+    return sdk_runner(request, front)
 
 
 def ok(result: dict):

@@ -10,7 +10,6 @@ session's ($LORA_CONTROL_TOKEN, tests/conftest.py), which the front inherits.
 import hashlib
 import json
 import re
-import subprocess
 import urllib.error
 import urllib.request
 
@@ -19,7 +18,7 @@ import yaml
 from lora_client.requests import RequestError, adapter_command, transcription_fields
 
 from tests.conftest import only_with_model
-from tests.e2e.test_openai_api import CLIENT, SDK, SENTENCE, _free_port, call, ok
+from tests.e2e.test_openai_api import SENTENCE, _free_port, call, ok, sdk_runner
 from tests.e2e.triton_calls import grpc_one
 
 pytestmark = only_with_model("whisper_lora")
@@ -65,24 +64,7 @@ def front(triton_server, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sdk_run(request, front):
-    """run(calls) -> results: the calls made with the openai SDK in its own environment."""
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    with capture.global_and_fixture_disabled():
-        subprocess.run(["bash", str(SDK), "--install-only"], check=True, timeout=600)
-
-    def run(*calls: dict) -> list:
-        plan = {"base_url": f"{front.url}/v1", "calls": list(calls)}
-        done = subprocess.run(
-            ["bash", str(SDK), str(CLIENT)],
-            input=json.dumps(plan),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
-
-    return run
+    return sdk_runner(request, f"{front.url}/v1")
 
 
 def as_tenant(name: str | None, op: str, **args) -> dict:

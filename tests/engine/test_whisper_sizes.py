@@ -25,8 +25,8 @@ import torch
 from transformers import AutoTokenizer
 
 from lora_serving.reference.whisper import reference_features, reference_generate
-from lora_serving.request_inputs import RawRequest
 from tests.conftest import load_16k
+from tests.unit.test_transcription import request
 
 pytestmark = pytest.mark.engine
 
@@ -126,19 +126,6 @@ class Served:
         if self.host is not None:
             self.host.close(drain_timeout_s=0)
             self.host = None
-
-
-def request(**inputs) -> RawRequest:
-    """One batch row per input, as Triton hands them to the model."""
-    tensors = {}
-    for name, value in inputs.items():
-        if isinstance(value, np.ndarray):
-            tensors[name] = value[None, ...]
-        elif isinstance(value, bool):
-            tensors[name] = np.array([[value]])
-        else:
-            tensors[name] = np.array([[value.encode()]], object)
-    return RawRequest(tensors)
 
 
 def adapter_dir(served: Served, kind: str | None) -> Path | None:
