@@ -108,7 +108,7 @@ clean-models:
 BENCH_ARGS ?=
 .PHONY: bench
 bench: setup
-	@$(PY) -m lora_serving.bench $(BENCH_ARGS)
+	@$(PY) -m lora_tools.bench $(BENCH_ARGS)
 
 # ---- Soak (issue 8) ---------------------------------------------------------------------------
 # Mixed adapters, both models, streamed and not, against a tritonserver of its own; reports
@@ -119,29 +119,29 @@ bench: setup
 SOAK_ARGS ?= --duration 1800 --concurrency 4
 .PHONY: soak
 soak: setup
-	@$(PY) -m lora_serving.soak $(SOAK_ARGS)
+	@$(PY) -m lora_tools.soak $(SOAK_ARGS)
 
 # ---- Fine-tune your own adapter (issue 10) -----------------------------------------------------
-# Train two adapters on the invented-drug-name corpus (src/lora_serving/finetune/) into the
+# Train two adapters on the invented-drug-name corpus (src/lora_tools/finetune/) into the
 # adapter root that `make serve` rescans: decoder only, and decoder + cross-attention k/v +
 # encoder. Then, with the server running, `make finetune-eval` compares them with the base model.
 FINETUNE_ARGS ?=
 .PHONY: finetune finetune-eval
 finetune: setup
-	@$(PY) -m lora_serving.finetune train --kind decoder --name pharma_decoder $(FINETUNE_ARGS)
-	@$(PY) -m lora_serving.finetune train --kind all_layers --name pharma_all_layers $(FINETUNE_ARGS)
+	@$(PY) -m lora_tools.finetune train --kind decoder --name pharma_decoder $(FINETUNE_ARGS)
+	@$(PY) -m lora_tools.finetune train --kind all_layers --name pharma_all_layers $(FINETUNE_ARGS)
 
 finetune-eval: setup
-	@$(PY) -m lora_serving.finetune evaluate pharma_decoder pharma_all_layers \
+	@$(PY) -m lora_tools.finetune evaluate pharma_decoder pharma_all_layers \
 		--url 127.0.0.1:$(GRPC_PORT)
 
 # ---- Routing study (issue 16) -----------------------------------------------------------------
 # Two replicas (whisper_lora only, 2 LoRA slots each) replay one trace of requests for 12 adapters
 # with Zipf popularity, routed round-robin and by the endpoint picker's scoring over each
-# replica's /metrics (lora_serving/bench/picker.py); writes results.json, table.md and
+# replica's /metrics (lora_tools/bench/picker.py); writes results.json, table.md and
 # routing.png (docs/routing-study.md has the measured numbers). About 10 minutes here.
 # make routing-study ROUTING_ARGS="--rate-rps 1.5 --requests 300"
 ROUTING_ARGS ?=
 .PHONY: routing-study
 routing-study: setup
-	@$(PY) -m lora_serving.bench.routing $(ROUTING_ARGS)
+	@$(PY) -m lora_tools.bench.routing $(ROUTING_ARGS)

@@ -31,6 +31,6 @@ if [[ ! -f "$stamp" ]]; then
 fi
 if [[ ! -d demo_models/whisper-base ]]; then
   echo "gpu_venv: building demo_models/ (no model hub)"
-  "$VENV/bin/python" -m lora_serving.demo build demo_models
+  "$VENV/bin/python" -m lora_tools.demo build demo_models
 fi
 echo "gpu_venv: ready ($VENV/bin/python)"

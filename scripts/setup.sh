@@ -92,7 +92,7 @@ fi
 "$ROOT/scripts/perf_analyzer" --version | head -n 1
 
 step 5 "demo models and adapters in demo_models/ (built locally, no model hub)"
-"$VENV/bin/python" -m lora_serving.demo build "$ROOT/demo_models"
+"$VENV/bin/python" -m lora_tools.demo build "$ROOT/demo_models"
 
 echo
 echo "setup done in $(( $(date +%s) - t0 )) s"

@@ -23,7 +23,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def demo_models() -> Path:
     """Built by `make setup`; a missing model is a failure, never a skip."""
-    from lora_serving.demo.qwen3_vl import ADAPTER_PATTERNS as QWEN3_VL_ADAPTERS
+    from lora_tools.demo.qwen3_vl import ADAPTER_PATTERNS as QWEN3_VL_ADAPTERS
 
     needed = [
         "whisper-base",
@@ -99,8 +99,13 @@ def only_with_model(model: str):
     )
 
 
-def start_triton(tmp_path_factory, label: str, load_models: list[str]):
-    """A ready tritonserver serving model_repository/ with explicit model control.
+def start_triton(
+    tmp_path_factory,
+    label: str,
+    load_models: list[str],
+    repository: Path = REPO / "model_repository",
+):
+    """A ready tritonserver serving `repository` (model_repository/) with explicit model control.
 
     Seen twice (once in CI, never in 32 starts in a row here): a model's stub logs the end of
     its `initialize` and Triton 2.51 never reports the model loaded. The Python stacks of
@@ -111,7 +116,7 @@ def start_triton(tmp_path_factory, label: str, load_models: list[str]):
     for attempt in (1, 2):
         log_path = tmp_path_factory.mktemp(label) / "tritonserver.log"
         server = TritonServer(
-            REPO / "model_repository",
+            repository,
             http=_free_port(),
             grpc=_free_port(),
             metrics=_free_port(),
@@ -166,6 +171,19 @@ class _EarlyStart:
 
 
 _early_start: _EarlyStart | None = None
+
+# Modules that reload a shared model with another configuration (each reload starts an engine,
+# ~1 min on 2 cores) run last, in this order, and leave their configuration loaded: restoring
+# the repository's own would start one more engine for nobody.
+RELOADING_MODULES = ("test_qwen2_5_variant.py", "test_qwen3_vl_variant.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        name = Path(item.path).name
+        return RELOADING_MODULES.index(name) + 1 if name in RELOADING_MODULES else 0
+
+    items.sort(key=rank)  # stable: every other test keeps its place
 
 
 def pytest_collection_finish(session):

@@ -5,7 +5,7 @@ int8.
 --weights`, sets) is one of
 - `float` (or unset): model.json's `model`;
 - `int8`: model.json's `serving.int8_model`, the same model with int8 linear layers
-  (lora_serving.demo.int8; vLLM runs them with int8 GEMMs and quantizes their inputs per token).
+  (lora_tools.demo.int8; vLLM runs them with int8 GEMMs and quantizes their inputs per token).
   A model without one keeps its float weights (the run's log says so).
 Adapters are the same files either way: LoRA adds its product to the int8 layer's output.
 Exactness checks against the float32 reference use float weights (the test suite's server does).

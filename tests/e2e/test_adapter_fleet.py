@@ -94,7 +94,7 @@ def clear_root(root: Path = ROOT) -> None:
 def qwen_adapters(base: Path, out: Path, names, *, seed: int, rank: int = 8) -> Path:
     """out/<name> for each name. The weights follow the seed and the name without this run's
     PREFIX (a pid): every run tests the same adapters, not ones that vary with the pid."""
-    from lora_serving.demo.qwen_vl import make_qwen_vl_adapters
+    from lora_tools.demo.qwen_vl import make_qwen_vl_adapters
 
     built = out / ".built"
     stable = {name: stable_name(name) for name in names}

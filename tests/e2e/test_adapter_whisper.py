@@ -32,7 +32,7 @@ def reference(base, adapter, audio) -> str:
 def test_runtime_adapter_on_every_layer_matches_its_reference(
     grpc_url, demo_models, speech, tmp_path
 ):
-    from lora_serving.demo.whisper import ALL_LORA_TARGETS, make_whisper_adapters
+    from lora_tools.demo.whisper import ALL_LORA_TARGETS, make_whisper_adapters
 
     base = demo_models / "whisper-base"
     name, too_big = f"{PREFIX}_whisper", f"{PREFIX}_whisper_r32"

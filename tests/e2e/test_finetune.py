@@ -4,9 +4,9 @@ whisper_lora's adapter root, and run the evaluation through the server. The serv
 equal the merged-weights reference token for token, and the base model's transcripts of
 ordinary speech equal the base reference, alone and batched with the adapter's requests."""
 
-from lora_serving.finetune.corpus import build_split, load_16k, synthesise
-from lora_serving.finetune.evaluate import MAX_TOKENS, evaluate, format_report
-from lora_serving.finetune.train import TrainSettings, train_adapter
+from lora_tools.finetune.corpus import build_split, load_16k, synthesise
+from lora_tools.finetune.evaluate import MAX_TOKENS, evaluate, format_report
+from lora_tools.finetune.train import TrainSettings, train_adapter
 from tests.conftest import REPO, only_with_model
 from tests.e2e.test_adapter_fleet import PREFIX, command, publish, retract
 
@@ -20,8 +20,8 @@ pytestmark = only_with_model(MODEL)
 def reference(base, adapter, wav) -> str:
     from transformers import AutoTokenizer
 
-    from lora_serving.finetune.train import PROMPT_TOKENS
     from lora_serving.reference.whisper import reference_generate
+    from lora_tools.finetune.train import PROMPT_TOKENS
 
     tokenizer = AutoTokenizer.from_pretrained(base)
     prompt = tokenizer.convert_tokens_to_ids(list(PROMPT_TOKENS))

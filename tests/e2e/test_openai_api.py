@@ -30,7 +30,7 @@ from tests.e2e.test_adapter_fleet import (
 )
 from tests.e2e.test_reliability import series, wait_for
 from tests.e2e.test_serving_stack import PROMPT, png, qwen_inputs
-from tests.e2e.triton_calls import grpc_one, sampling
+from tests.e2e.triton_calls import grpc_many, grpc_one, sampling
 
 SDK = REPO / "scripts" / "openai_sdk.sh"
 CLIENT = REPO / "tests" / "e2e" / "openai_sdk_client.py"
@@ -105,13 +105,18 @@ def call(op: str, **args) -> dict:
 def test_transcription_equals_grpc_in_every_format_and_streamed(sdk, grpc_url, speech):
     wav = speech(SENTENCE)
     alpha = {"lora_name": "alpha"}
-    base_ref = grpc_one(grpc_url, WHISPER, transcription_fields(wav)).text
-    alpha_ref = grpc_one(grpc_url, WHISPER, transcription_fields(wav), alpha).text
-    timed = grpc_one(grpc_url, WHISPER, transcription_fields(wav, timestamps=True), alpha)
-    segments_ref = json.loads(timed.outputs["segments"][0])
-    beam_ref = grpc_one(
-        grpc_url, WHISPER, transcription_fields(wav, decoding={"beam_size": 2}), alpha
-    ).text
+    triton_base, triton_alpha, triton_timed, triton_beam = grpc_many(  # Triton's, in one batch
+        grpc_url,
+        WHISPER,
+        [
+            (transcription_fields(wav), None),
+            (transcription_fields(wav), alpha),
+            (transcription_fields(wav, timestamps=True), alpha),
+            (transcription_fields(wav, decoding={"beam_size": 2}), alpha),
+        ],
+    )
+    base_ref, alpha_ref, beam_ref = triton_base.text, triton_alpha.text, triton_beam.text
+    segments_ref = json.loads(triton_timed.outputs["segments"][0])
     adapter = f"{WHISPER}/alpha"
     base, plain, text, verbose, srt, vtt, streamed, beam = sdk(
         call("transcribe", file=str(wav), model=WHISPER),
@@ -135,7 +140,7 @@ def test_transcription_equals_grpc_in_every_format_and_streamed(sdk, grpc_url, s
     assert ok(beam) == {"text": beam_ref}
 
     verbose = ok(verbose)
-    assert verbose["text"] == timed.text and verbose["language"] == "english"
+    assert verbose["text"] == triton_timed.text and verbose["language"] == "english"
     assert verbose["task"] == "transcribe" and 2 < verbose["duration"] < 6
     assert [(s["start"], s["end"], s["text"]) for s in verbose["segments"]] == [
         (s["start"], s["end"], s["text"]) for s in segments_ref
@@ -245,14 +250,16 @@ def test_every_container_transcribes_as_through_triton(sdk, grpc_url, speech, tm
         paths[kind].write_bytes(data)
     models = {WHISPER: None, f"{WHISPER}/alpha": {"lora_name": "alpha"}}
     runs = [(kind, model) for kind in paths for model in models]
-    refs = {
-        (kind, model): grpc_one(grpc_url, WHISPER, transcription_fields(paths[kind]), lora).text
-        for kind, model in runs
-        for lora in [models[model]]
-    }
+    # Triton's answers, all at once (one batch: what each row gives does not depend on it).
+    outcomes = grpc_many(
+        grpc_url,
+        WHISPER,
+        [(transcription_fields(paths[kind]), models[model]) for kind, model in runs]
+        + [(transcription_fields(wav), lora) for lora in models.values()],
+    )
+    refs = {run: outcome.text for run, outcome in zip(runs, outcomes[: len(runs)], strict=True)}
     wav_refs = {
-        model: grpc_one(grpc_url, WHISPER, transcription_fields(wav), lora).text
-        for model, lora in models.items()
+        model: outcome.text for model, outcome in zip(models, outcomes[len(runs) :], strict=True)
     }
     results = sdk(
         *[call("transcribe", file=str(paths[kind]), model=model) for kind, model in runs],

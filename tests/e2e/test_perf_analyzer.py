@@ -4,8 +4,8 @@ round-robin through the `lora_name` input tensor, over a gRPC stream."""
 import pytest
 import requests
 
-from lora_serving.bench import perf_data
-from lora_serving.bench.perf_analyzer import run_perf_analyzer
+from lora_tools.bench import perf_data
+from lora_tools.bench.perf_analyzer import run_perf_analyzer
 
 ADAPTERS = [None, "alpha", "beta"]
 

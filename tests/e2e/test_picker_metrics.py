@@ -1,6 +1,6 @@
 """Conformance of the front's /metrics with the endpoint picker's model-server protocol, on the
 shared tritonserver: lora-openai runs as `make serve` starts it, and its /metrics is read
-exactly as llm-d Router v0.10.0 reads it (lora_serving.bench.picker: first series of each
+exactly as llm-d Router v0.10.0 reads it (lora_tools.bench.picker: first series of each
 gauge, the LoRA series with the largest value, comma split, max_lora as int, queue / running
 as int, KV usage as float) every 50 ms, the picker's default scrape period, while requests
 for adapters of both models run through the front, and after they end.
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from lora_serving.bench.picker import EndpointMetrics, read_endpoint_metrics
+from lora_tools.bench.picker import EndpointMetrics, read_endpoint_metrics
 from tests.conftest import REPO, _test_models, only_with_model
 from tests.e2e.test_openai_api import _free_port
 

@@ -72,7 +72,7 @@ def prompt_tokens(base, prompt, images=(), frames=(), fps=2.0) -> int:
     """How many tokens the model's own processor makes of the prompt and media."""
     from transformers import AutoProcessor
 
-    from lora_serving.demo.qwen_vl import video_metadata
+    from lora_tools.demo.qwen_vl import video_metadata
 
     media = {"images": [rgb(d) for d in images] or None}
     if frames:

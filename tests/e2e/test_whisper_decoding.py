@@ -131,10 +131,10 @@ def test_default_beam_rule_equals_faster_whisper(
     whisper-base: a sentence where the two rules disagree (the word error rate bench's), plain,
     and a longer recording with timestamps, segment by segment; with an adapter, it equals the
     same search on the merged weights."""
-    from lora_serving.bench import peer_env, wer
-    from lora_serving.finetune import corpus
     from lora_serving.launcher import REPO_ROOT
     from lora_serving.reference.whisper import reference_ctranslate2_beam
+    from lora_tools.bench import peer_env, wer
+    from lora_tools.finetune import corpus
 
     (where_rules_differ,) = [u for u in wer.utterances() if "slowly" in u.text]
     plain = tmp_path / "slowly-16k.wav"

@@ -7,7 +7,7 @@ same words, each start and end within 0.02 s (one encoder frame), for the base m
 adapter (alpha), a cross-attention adapter (cross_kv) and an all-layer adapter, sent at once so
 they share batches; on a clip where an adapter moves the timings; and across two 30 s windows.
 With the default (refined), on espeak-ng words joined by measured silences
-(lora_serving.bench.word_gaps), every word starts within 0.1 s and ends within 0.2 s of the truth.
+(lora_tools.bench.word_gaps), every word starts within 0.1 s and ends within 0.2 s of the truth.
 """
 
 import json
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from lora_serving.audio import decode_audio_file, to_whisper_input
-from lora_serving.bench.word_gaps import bare, gap_clip
+from lora_tools.bench.word_gaps import bare, gap_clip
 from tests.conftest import only_with_model
 from tests.e2e.triton_calls import grpc_many, sampling
 from tests.openai_whisper import install_reference_env, reference_transcribe

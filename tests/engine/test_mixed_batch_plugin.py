@@ -93,8 +93,11 @@ def tiny_lora_model(tmp_path_factory) -> TinyLoraModel:
     return TinyLoraModel(model_dir, adapter_dirs)
 
 
-def run_probe(model: TinyLoraModel, vllm_plugins: str, tmp_path: Path) -> dict:
-    """Run `main` in a fresh interpreter with VLLM_PLUGINS set; return its result."""
+def run_probe(
+    model: TinyLoraModel, vllm_plugins: str, tmp_path: Path, spawn_engine_core: bool = False
+) -> dict:
+    """Run `main` in a fresh interpreter with VLLM_PLUGINS set; return its result. With
+    spawn_engine_core the engine core and its worker run in processes of their own, as served."""
     result_path = tmp_path / "result.json"
     env = os.environ | {
         "VLLM_PLUGINS": vllm_plugins,
@@ -103,6 +106,7 @@ def run_probe(model: TinyLoraModel, vllm_plugins: str, tmp_path: Path) -> dict:
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if spawn_engine_core else "0",
     }
     command = [sys.executable, __file__, str(model.model_dir), str(result_path)]
     command += [f"{name}={path}" for name, path in model.adapter_dirs.items()]
@@ -114,7 +118,10 @@ def run_probe(model: TinyLoraModel, vllm_plugins: str, tmp_path: Path) -> dict:
 
 
 def test_with_plugin_mixed_batch_matches_each_request_alone(tiny_lora_model, tmp_path):
-    result = run_probe(tiny_lora_model, vllm_plugins="lora_serving", tmp_path=tmp_path)
+    # Spawned as served: the plugin must load in the EngineCore and worker processes vLLM starts.
+    result = run_probe(
+        tiny_lora_model, vllm_plugins="lora_serving", tmp_path=tmp_path, spawn_engine_core=True
+    )
 
     # Loaded where it matters: the model's worker runs our ops, and EngineCore logged the patch.
     assert result["worker_ops_module"] == "lora_serving.vllm_plugin.cpu_no_lora_index"

@@ -21,7 +21,7 @@ over 12 espeak-ng sentences, base and all-layer adapter, 231 steps (2026-12-04):
 step is up to 0.75 from the reference (p99 0.62 adapter, 0.38 base; the adapter's worst
 sentence mean 0.14) and the reference's choice moved at margins up to 0.37; at bf16 with int8
 up to 1.29 (p99 0.82 adapter, 0.36 base; worst sentence mean 0.19); bf16 alone, up to 0.19
-(`python -m lora_serving.bench.int8_emulation` prints these). So 0.38 is int8 arithmetic (at
+(`python -m lora_tools.bench.int8_emulation` prints these). So 0.38 is int8 arithmetic (at
 bf16 its rounding compounds), not a defect of ours: vLLM adds the adapter's product from a
 float32 shrink, and the no-adapter request drifts as much as the adapter's. int8 rounding also
 amplifies the last-bit differences between implementations, so no emulation is a tighter judge
@@ -36,7 +36,7 @@ import torch
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 
-from lora_serving.demo import int8
+from lora_tools.demo import int8
 from tests.conftest import load_16k
 
 pytestmark = pytest.mark.engine

@@ -59,6 +59,18 @@ def openai_name(hf_name: str) -> str | None:
     raise ValueError(f"no openai-whisper place for {hf_name}")
 
 
+def _pad_mlps(state: dict, width: int) -> None:
+    """openai-whisper's MLP is always 4 x d_model wide; a narrower one (the tiny v3-shaped demo
+    model's) gets zero hidden units: GELU(0) = 0 and their zero fc2 columns add nothing."""
+    for name in [n for n in state if n.endswith("mlp.0.weight")]:
+        stem, pad = name.removesuffix("0.weight"), torch.nn.functional.pad
+        missing = width - state[name].shape[0]
+        if missing > 0:
+            state[name] = pad(state[name], (0, 0, 0, missing))
+            state[f"{stem}0.bias"] = pad(state[f"{stem}0.bias"], (0, missing))
+            state[f"{stem}2.weight"] = pad(state[f"{stem}2.weight"], (0, missing))
+
+
 def convert(base_dir: Path, adapter_dir: Path | None, out_path: Path) -> Path:
     """Writes the checkpoint of `base_dir` (+ `adapter_dir` merged) to out_path."""
     from lora_serving.reference.whisper import _load_model
@@ -85,6 +97,7 @@ def convert(base_dir: Path, adapter_dir: Path | None, out_path: Path) -> Path:
         target = openai_name(name)
         if target is not None:
             state[target] = tensor.detach().to(torch.float32).clone().contiguous()
+    _pad_mlps(state, 4 * config.d_model)
     generation = json.loads((Path(base_dir) / "generation_config.json").read_text())
     heads = generation.get("alignment_heads")
     if not heads:

@@ -10,22 +10,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lora_serving.bench import perf_data
-from lora_serving.bench.config import BenchConfig, load_config
-from lora_serving.bench.hf_whisper import cores_in_bind
-from lora_serving.bench.inprocess import raw_request
-from lora_serving.bench.memory import MemorySample, growth_per_adapter
-from lora_serving.bench.perf_analyzer import records_from_profile
-from lora_serving.bench.profiling import summarize_collapsed
-from lora_serving.bench.report import (
+from lora_tools.bench import perf_data
+from lora_tools.bench.config import BenchConfig, load_config
+from lora_tools.bench.hf_whisper import cores_in_bind
+from lora_tools.bench.inprocess import raw_request
+from lora_tools.bench.memory import MemorySample, growth_per_adapter
+from lora_tools.bench.perf_analyzer import records_from_profile
+from lora_tools.bench.profiling import summarize_collapsed
+from lora_tools.bench.report import (
     all_ratios,
     latency_rows,
     load_summary,
     ratio_table,
     render_markdown,
 )
-from lora_serving.bench.repository import bench_model_json
-from lora_serving.bench.stats import (
+from lora_tools.bench.repository import bench_model_json
+from lora_tools.bench.stats import (
     Ratio,
     RequestRecord,
     Summary,
@@ -439,7 +439,7 @@ def test_load_summary_and_ratio_table_formatting():
 
 def test_plots_are_written(tmp_path):
     pytest.importorskip("matplotlib")
-    from lora_serving.bench.report import write_report
+    from lora_tools.bench.report import write_report
 
     config = BenchConfig()
     path = write_report(_results(config), config, tmp_path)
@@ -459,7 +459,7 @@ flags\t\t: fpu sse avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
 
 
 def test_report_names_the_cpu_and_its_bf16_int8_features(tmp_path):
-    from lora_serving.bench.run import cpu_facts
+    from lora_tools.bench.run import cpu_facts
 
     xeon, epyc = tmp_path / "xeon", tmp_path / "epyc"
     xeon.write_text(CPUINFO)

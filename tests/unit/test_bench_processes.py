@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-from lora_serving.bench.processes import engine_processes
+from lora_tools.bench.processes import engine_processes
 
 SLEEP = "import time; time.sleep(30)"
 

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from lora_serving.bench import speed_report, wer, whisper_speed
-from lora_serving.bench.config import load_config
-from lora_serving.bench.report import all_ratios, render_markdown
+from lora_tools.bench import speed_report, wer, whisper_speed
+from lora_tools.bench.config import load_config
+from lora_tools.bench.report import all_ratios, render_markdown
 
 
 def test_at_least_50_sentences_the_first_ones_the_wer_parts():
@@ -99,7 +99,7 @@ def test_section_puts_every_side_in_one_table_with_its_word_error_rate():
 
 
 def test_report_of_a_speed_only_run(tmp_path):
-    from lora_serving.bench.report import write_report
+    from lora_tools.bench.report import write_report
 
     config = load_config(None, {"models": ["speed"]})
     results = {"models": {}, "speed": _speed(), "total_s": 60.0}

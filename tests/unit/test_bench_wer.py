@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lora_serving.bench import wer
-from lora_serving.bench.config import BenchConfig, load_config
-from lora_serving.bench.report import (
+from lora_tools.bench import wer
+from lora_tools.bench.config import BenchConfig, load_config
+from lora_tools.bench.report import (
     beam_throughput_ratio,
     render_markdown,
     wer_rows,
@@ -128,7 +128,7 @@ def test_wer_section_shows_a_failure():
 
 def test_report_of_a_wer_only_run(tmp_path):
     pytest.importorskip("matplotlib")
-    from lora_serving.bench.report import write_report
+    from lora_tools.bench.report import write_report
 
     config = load_config(None, {"models": ["wer"]})
     results = {"models": {}, "wer": _wer_results(), "total_s": 60.0}
@@ -145,7 +145,7 @@ def test_wer_is_a_part_of_every_run_by_default():
 
 # ---- imports -----------------------------------------------------------------------------------
 def test_bench_modules_import_each_other_without_a_circle():
-    modules = {f"lora_serving.bench.{p.stem}": p for p in BENCH.glob("*.py")}
+    modules = {f"lora_tools.bench.{p.stem}": p for p in BENCH.glob("*.py")}
     graph = {name: imported_modules(path) & set(modules) for name, path in modules.items()}
 
     def reaches(start: str, target: str, seen: set) -> bool:
@@ -165,8 +165,8 @@ def test_faster_whisper_script_needs_only_the_standard_library_and_faster_whispe
 
 
 def test_word_timing_scores_starts_against_the_truth():
-    from lora_serving.bench.word_gaps import GapClip, TimedWord
-    from lora_serving.bench.word_timing import _entry, report_lines, start_errors
+    from lora_tools.bench.word_gaps import GapClip, TimedWord
+    from lora_tools.bench.word_timing import _entry, report_lines, start_errors
 
     clip = GapClip(
         np.zeros(16_000, np.float32),

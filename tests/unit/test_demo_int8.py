@@ -1,4 +1,4 @@
-"""lora_serving.demo.int8: a W8A8 copy of a checkpoint, in the format vLLM reads."""
+"""lora_tools.demo.int8: a W8A8 copy of a checkpoint, in the format vLLM reads."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lora_serving.demo import int8
+from lora_tools.demo import int8
 
 
 def test_rows_are_quantized_symmetrically_with_one_scale_each():

@@ -9,8 +9,8 @@ from PIL import Image
 from safetensors.torch import load_file
 from transformers import AutoProcessor, AutoTokenizer
 
-from lora_serving.demo import qwen3_vl
-from lora_serving.demo.qwen_vl import QWEN2_SPLIT_PATTERN, load_qwen_bpe_ranks, video_metadata
+from lora_tools.demo import qwen3_vl
+from lora_tools.demo.qwen_vl import QWEN2_SPLIT_PATTERN, load_qwen_bpe_ranks, video_metadata
 
 TEXTS = [
     "Hello world! It's a test, isn't it? 1234567890",

@@ -14,7 +14,7 @@ from PIL import Image
 from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from lora_serving.demo.qwen_vl import (
+from lora_tools.demo.qwen_vl import (
     QWEN2_SPLIT_PATTERN,
     SPECIAL_TOKEN_IDS,
     build_qwen_tokenizer,

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-from lora_serving.demo.whisper import (
+from lora_tools.demo.whisper import (
     ADAPTER_RELATIVE_STRENGTH,
     WhisperTokenIds,
     make_whisper_adapters,
@@ -321,7 +321,7 @@ def test_tiny_en_is_converted_as_an_english_only_model(demo_models):
 
 
 def test_v3_shape_has_large_v3s_layout(demo_models):
-    from lora_serving.demo.whisper_v3_shape import v3_tokenizer_json
+    from lora_tools.demo.whisper_v3_shape import v3_tokenizer_json
 
     folder = demo_models / "whisper-v3-shape"
     config = json.loads((folder / "config.json").read_text())

@@ -293,7 +293,7 @@ def test_the_pool_the_picker_and_the_route_name_each_other():
 
 def test_the_picker_reads_what_the_front_publishes_and_scores_lora_affinity(deployment):
     from lora_openai import picker_metrics
-    from lora_serving.bench.picker import WEIGHTS
+    from lora_tools.bench.picker import WEIGHTS
 
     config = epp_config()
     assert (config["apiVersion"], config["kind"]) == ("llm-d.ai/v1alpha1", "EndpointPickerConfig")

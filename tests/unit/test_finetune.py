@@ -5,16 +5,16 @@ import re
 import numpy as np
 import pytest
 
-from lora_serving.finetune.corpus import (
+from lora_tools.finetune.corpus import (
     HELD_OUT_TEMPLATES,
     TERMS,
     TRAIN_TEMPLATES,
     Utterance,
     build_split,
 )
-from lora_serving.finetune.evaluate import AdapterResult, Evaluation, by_adapter, format_report
-from lora_serving.finetune.metrics import edit_distance, score, terms_found, words
-from lora_serving.finetune.train import (
+from lora_tools.finetune.evaluate import AdapterResult, Evaluation, by_adapter, format_report
+from lora_tools.finetune.metrics import edit_distance, score, terms_found, words
+from lora_tools.finetune.train import (
     TrainSettings,
     decoder_ids,
     first_lora_encoder_layer,

@@ -1,9 +1,9 @@
-"""The GPU image build's checks (lora_serving.image_check), on this CPU machine: each wrong base
+"""The GPU image build's checks (lora_tools.image_check), on this CPU machine: each wrong base
 or lock named, the committed GPU lock passing them."""
 
 from pathlib import Path
 
-from lora_serving.image_check import PLUGIN, cuda_python_problems, problems
+from lora_tools.image_check import PLUGIN, cuda_python_problems, problems
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = {

@@ -1,4 +1,8 @@
-"""Only lora_serving.triton may import Triton's Python backend; the core must run without it."""
+"""The runtime package's import boundary, read from the source (no imports run).
+
+Only lora_serving.triton may import Triton's Python backend (the core must run without it), and
+lora_serving holds only what tritonserver and lora-openai load: it never imports the tooling
+(lora_tools) or the tests."""
 
 import ast
 from pathlib import Path
@@ -6,6 +10,8 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "lora_serving"
+# reference/ judges the product and is leaving the package for tests/ (issue 30).
+NOT_RUNTIME = {"reference"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -25,6 +31,18 @@ def test_only_the_triton_package_imports_pb_utils(path):
     uses_triton = "triton_python_backend_utils" in imported_modules(path)
     inside = path.relative_to(SRC).parts[0] == "triton"
     assert not uses_triton or inside, f"{path} imports triton_python_backend_utils"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in sorted(SRC.rglob("*.py")) if p.relative_to(SRC).parts[0] not in NOT_RUNTIME],
+    ids=lambda p: str(p.relative_to(SRC)),
+)
+def test_runtime_never_imports_tooling_or_tests(path):
+    tooling = {
+        name for name in imported_modules(path) if name.split(".")[0] in {"lora_tools", "tests"}
+    }
+    assert not tooling, f"{path} imports {sorted(tooling)}"
 
 
 def served_model_py(repository: Path, model: str) -> Path:

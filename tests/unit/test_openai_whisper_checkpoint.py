@@ -13,7 +13,7 @@ import torch
 from lora_serving.reference.whisper import reference_generate
 from tests.conftest import load_16k
 from tests.openai_whisper import install_reference_env, reference_transcribe
-from tests.openai_whisper.convert import convert, openai_name
+from tests.openai_whisper.convert import _pad_mlps, convert, openai_name
 
 SOT, EN, TRANSCRIBE, EOT = 50258, 50259, 50359, 50257
 
@@ -38,6 +38,20 @@ def test_names_map_both_ways():
     assert openai_name("proj_out.weight") is None  # tied to the token embedding
     with pytest.raises(ValueError, match="no openai-whisper place"):
         openai_name("model.decoder.layers.0.unknown.weight")
+
+
+def test_a_narrower_mlp_gets_zero_units_that_change_nothing():
+    """openai-whisper's MLP is 4 x d_model wide (the v3 shape's is narrower)."""
+    generator = torch.Generator().manual_seed(0)
+    fc1, bias, fc2 = (torch.randn(*shape, generator=generator) for shape in ((6, 4), (6,), (4, 6)))
+    prefix = "encoder.blocks.0.mlp"
+    state = {f"{prefix}.0.weight": fc1, f"{prefix}.0.bias": bias, f"{prefix}.2.weight": fc2}
+    _pad_mlps(state, 16)
+    wide1, wide_bias, wide2 = (state[f"{prefix}.{n}"] for n in ("0.weight", "0.bias", "2.weight"))
+    assert wide1.shape == (16, 4) and wide_bias.shape == (16,) and wide2.shape == (4, 16)
+    x = torch.randn(3, 4, generator=generator)
+    gelu = torch.nn.functional.gelu
+    assert torch.allclose(gelu(x @ wide1.T + wide_bias) @ wide2.T, gelu(x @ fc1.T + bias) @ fc2.T)
 
 
 def test_checkpoint_carries_merged_weights_and_alignment_heads(checkpoints):

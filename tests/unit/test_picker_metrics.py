@@ -1,6 +1,6 @@
 """The front's /metrics in the endpoint picker's protocol (no Triton, no server): Triton's
 lora_* series -> ServerLoad -> vllm:* exposition, read back as llm-d Router v0.10.0 reads it
-(lora_serving.bench.picker), and that reader's scoring."""
+(lora_tools.bench.picker), and that reader's scoring."""
 
 import asyncio
 
@@ -13,7 +13,7 @@ from lora_openai.app import FrontSettings, create_app
 from lora_openai.engine_load import ModelLoad, ServerLoad, TritonLoadReader, parse_triton_metrics
 from lora_openai.errors import OpenAIError
 from lora_openai.picker_metrics import render
-from lora_serving.bench.picker import (
+from lora_tools.bench.picker import (
     EndpointMetrics,
     MetricMissing,
     lora_affinity_score,

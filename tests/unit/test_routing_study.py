@@ -1,12 +1,12 @@
-"""The routing study's pure parts (lora_serving.bench.routing): the replayed trace, the two
+"""The routing study's pure parts (lora_tools.bench.routing): the replayed trace, the two
 policies, the summary. The study itself starts two servers: `make routing-study`."""
 
 from collections import Counter
 
 import pytest
 
-from lora_serving.bench.picker import EndpointMetrics
-from lora_serving.bench.routing import (
+from lora_tools.bench.picker import EndpointMetrics
+from lora_tools.bench.routing import (
     Outcome,
     PickerScoring,
     PickerWarmSlots,

@@ -1,6 +1,6 @@
 """The soak report's arithmetic and verdict (the soak itself runs in tests/e2e/test_soak.py)."""
 
-from lora_serving.soak import SoakReport, percentile
+from lora_tools.soak import SoakReport, percentile
 
 
 def test_percentile_is_nearest_rank():
@@ -48,7 +48,7 @@ def test_a_dead_server_stops_the_soak_at_once_with_its_log(tmp_path, capsys):
     import subprocess
     import time
 
-    from lora_serving import soak
+    from lora_tools import soak
 
     server = subprocess.Popen(["sleep", "60"])
     server.kill()
@@ -76,7 +76,7 @@ def test_a_dead_server_stops_the_soak_at_once_with_its_log(tmp_path, capsys):
 def test_a_server_that_stops_answering_counts_as_dead():
     import subprocess
 
-    from lora_serving import soak
+    from lora_tools import soak
 
     server = subprocess.Popen(["sleep", "60"])  # alive, but nothing listens on the port
     try:

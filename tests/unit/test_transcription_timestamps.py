@@ -2,6 +2,7 @@
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -138,3 +139,88 @@ def test_readings_of_partial_output_only_grow():
     tokens = [TS, 1, 2, TS + 156, TS + 172, 3, TS + 336, EOT]
     closed = [read(tokens[:end]).closed for end in range(len(tokens) + 1)]
     assert all(after[: len(before)] == before for before, after in itertools.pairwise(closed))
+
+
+# decode_seeking: what openai-whisper's transcribe() keeps of a window's segments.
+A, B, C, D, E, F = 100, 101, 102, 103, 104, 105  # text tokens
+
+
+def t(seconds: float) -> int:
+    return TS + round(seconds / 0.02)
+
+
+class Outcome:
+    silent, temperature = False, 0.0
+
+    @staticmethod
+    def fields() -> dict:
+        return {}
+
+
+def seek_through(samples, outputs: list[list[int]], align=None) -> tuple[list, list]:
+    """decode_seeking over scripted window outputs: (segments, each window's previous text)."""
+    import asyncio
+
+    from lora_serving.jobs import GenerationChunk
+    from lora_serving.tasks.whisper_windows import decode_seeking
+
+    scripted, prompts, outcomes, segments = iter(outputs), [], [], []
+
+    async def decode_window(window, previous):
+        prompts.append(previous)
+        outcomes.append(Outcome())
+        yield GenerationChunk("", "", next(scripted), [], 0, finish_reason="stop")
+
+    async def run():
+        async for _ in decode_seeking(
+            samples,
+            decode_window=decode_window,
+            read=lambda ids: read_window(ids, timestamp_begin=TS, eot=EOT),
+            decode=lambda ids: " ".join(f"w{i}" for i in ids),
+            separator=" ",
+            segments=segments,
+            outcomes=outcomes,
+            condition_on_previous_text=True,
+            initial_prompt=[],
+            timestamp_begin=TS,
+            align=align,
+        ):
+            pass
+
+    asyncio.run(run())
+    return segments, prompts
+
+
+def test_an_instantaneous_segment_is_cleared_and_times_are_not_clamped_to_the_window():
+    """openai-whisper's transcribe(): a segment whose start equals its end is cleared (no text,
+    no tokens in the next window's prompt), and a time past a short window's audio stays as
+    the timestamp said it."""
+    samples = np.zeros(32 * 16_000, "float32")
+    first = [t(0), A, t(1), t(1), B, t(1), t(1), C, t(4), t(4), D]  # D unfinished: seek to 4 s
+    second = [t(0), E, t(27), t(27), F, t(29.5), EOT]  # 28 s of audio left; said in full
+    segments, prompts = seek_through(samples, [first, second])
+    assert [(s["start"], s["end"], s["text"]) for s in segments] == [
+        (0.0, 1.0, "w100"),
+        (1.0, 4.0, "w102"),
+        (4.0, 31.0, "w104"),
+        (31.0, 33.5, "w105"),  # beyond the recording's 32 s, as openai-whisper reports it
+    ]
+    assert prompts == [[], [t(0), A, t(1), t(1), C, t(4)]]  # B is not in the prompt
+
+
+def test_with_words_the_times_the_words_gave_decide_and_the_refinement_does_not():
+    """A segment the words made instantaneous is cleared; one only the refinement (VAD) made
+    so, or moved, is kept with its refined times."""
+    samples = np.zeros(10 * 16_000, "float32")
+
+    async def align(window, timed, offset_s):
+        a, c = timed
+        a["aligned"], a["start"], a["end"] = (0.5, 0.5), 0.4, 0.6  # instantaneous by the words
+        c["aligned"], c["start"], c["end"] = (1.0, 2.0), 1.5, 1.5  # the refinement's
+        for segment in timed:
+            segment["words"] = [{"word": "x", "start": segment["start"], "end": segment["end"]}]
+        return None
+
+    output = [t(0), A, t(1), t(1), C, t(2), EOT]
+    segments, _ = seek_through(samples, [output], align)
+    assert [(s["start"], s["end"], s["text"]) for s in segments] == [(1.5, 1.5, "w102")]

@@ -109,7 +109,7 @@ def test_images_then_video_then_text_in_the_chat_prompt(tokenizer, catalog):
 
 
 def test_video_metadata_matches_the_reference_helper():
-    from lora_serving.demo.qwen_vl import video_metadata
+    from lora_tools.demo.qwen_vl import video_metadata
 
     assert vision.video_metadata(5, 2.5) == video_metadata(5, 2.5)
 

@@ -2,8 +2,8 @@
 
 import json
 
-from lora_serving.bench import perf_data
-from lora_serving.bench.vs_vllm_backend import apply_compat_edits, as_vllm_backend_entry
+from lora_tools.bench import perf_data
+from lora_tools.bench.vs_vllm_backend import apply_compat_edits, as_vllm_backend_entry
 
 
 def test_compat_edits_apply_once_and_only_where_their_text_is():

@@ -3,7 +3,7 @@
 The reference is openai-whisper's own code path in its own environment
 (scripts/whisper_tiktoken.sh: tiktoken and the .tiktoken files from openai-whisper's sdist;
 tests/unit/whisper_tiktoken_encode.py). It shares no file with what it judges: the served
-tokenizer.json is built from the CTranslate2 package's tokenizer.json (lora_serving.demo.whisper),
+tokenizer.json is built from the CTranslate2 package's tokenizer.json (lora_tools.demo.whisper),
 never from a .tiktoken file.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from lora_serving.demo import whisper as demo_whisper
 from lora_serving.errors import ConfigError
 from lora_serving.tasks import whisper_tokenizer_check
+from lora_tools.demo import whisper as demo_whisper
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "scripts" / "whisper_tiktoken.sh"

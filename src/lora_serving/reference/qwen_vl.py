@@ -15,7 +15,7 @@ from peft.tuners.lora import LoraLayer
 from PIL.Image import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
 
-from lora_serving.demo.qwen_vl import video_metadata
+from lora_tools.demo.qwen_vl import video_metadata
 
 MergeScope = Literal["all", "language_only"]
 

@@ -539,6 +539,8 @@ class TranscriptionTask:
         end = whisper_words.last_word_end(segments)
         if end is not None:
             context["last_speech_s"] = end
+        for segment in segments:  # openai-whisper's times, before the refinement moves them
+            segment["aligned"] = (segment["start"], segment["end"])
         if words.refine:
             whisper_word_refine.refine(segments, await self._speech(context))
         return end

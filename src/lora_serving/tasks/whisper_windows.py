@@ -27,7 +27,8 @@ from lora_serving.tasks.whisper_timestamps import SECONDS_PER_TIMESTAMP, WindowR
 # finished; with timestamps, also the tokens said before it (condition_on_previous_text).
 WindowDecoder = Callable[..., AsyncIterator[GenerationChunk]]
 # With word timestamps: a window's segments (start, end in seconds of the recording, text
-# `tokens`) -> the same with `words`, times refined (whisper_words.add_word_timestamps);
+# `tokens`) -> the same with `words`, times refined (whisper_words.add_word_timestamps; the
+# times openai-whisper's steps gave, before any further refinement, in `aligned`);
 # returns openai-whisper's last word end (whisper_words.last_word_end), None without words.
 WindowAligner = Callable[[np.ndarray, list[dict], float], Awaitable[float | None]]
 FRAMES_PER_SECOND = 100  # openai-whisper's mel frames: where a seek may land
@@ -146,31 +147,34 @@ async def decode_seeking(
     window_samples = int(WINDOW_SECONDS * WHISPER_SAMPLE_RATE)
     seek = 0
 
-    def add(found, offset_s: float, duration_s: float, quality: dict, timed=None) -> str:
+    def add(found, offset_s: float, quality: dict, timed=None) -> str:
         """Record segments (window time; `timed`: their refined times and words); return the
         text they add to the transcript."""
         before = separator.join(texts)
         for index, (start, end, tokens) in enumerate(found):
             text = decode(tokens).strip()
+            # With words, openai-whisper judges the times its words gave (not the refinement's).
+            times = (start, end) if timed is None else timed[index].get("aligned", (start, end))
+            if cleared(*times, text):
+                continue
             said.extend([timestamp(start), *tokens, timestamp(end)])
-            if text:
-                texts.append(text)
-                segments.append(
-                    {
-                        "start": round(offset_s + min(start, duration_s), 2),
-                        "end": round(offset_s + min(end, duration_s), 2),
-                        "text": text,
-                        **quality,
-                    }
-                )
-                if timed is not None:
-                    segments[-1].update(_timed_fields(timed[index]))
+            texts.append(text)
+            segments.append(
+                {
+                    "start": round(offset_s + start, 2),
+                    "end": round(offset_s + end, 2),
+                    "text": text,
+                    **quality,
+                }
+            )
+            if timed is not None:
+                segments[-1].update(_timed_fields(timed[index]))
         return separator.join(texts)[len(before) :]
 
     while len(samples) - seek >= MIN_WINDOW_SAMPLES or seek == 0:
         window = samples[seek : seek + window_samples]
         offset_s, duration_s = seek / WHISPER_SAMPLE_RATE, len(window) / WHISPER_SAMPLE_RATE
-        shown, last = 0, None
+        shown, last, window_first = 0, None, len(segments)
         async for chunk in decode_window(window, list(said)):
             last = chunk
             reading = read(chunk.token_ids)
@@ -178,7 +182,7 @@ async def decode_seeking(
             # Only when no retry can follow; with words, a window's segments come out together
             # once they are aligned.
             if align is None and not chunk.finished and len(closed) > shown:
-                delta = add(closed[shown:], offset_s, duration_s, {})
+                delta = add(closed[shown:], offset_s, {})
                 shown = len(closed)
                 if delta:
                     yield GenerationChunk(separator.join(texts), delta, [], [], 0)
@@ -192,19 +196,15 @@ async def decode_seeking(
         timed = None
         if align is not None:
             timed = [
-                {
-                    "start": offset_s + min(start, duration_s),
-                    "end": offset_s + min(end, duration_s),
-                    "tokens": list(tokens),
-                }
+                {"start": offset_s + start, "end": offset_s + end, "tokens": list(tokens)}
                 for start, end, tokens in found
             ]
             end_s = await align(window, timed, offset_s)
-        first_new = len(segments)
+        streamed = len(segments)
         new_timed = None if timed is None else timed[shown:]
-        if delta := add(found[shown:], offset_s, duration_s, outcome.fields(), new_timed):
+        if delta := add(found[shown:], offset_s, outcome.fields(), new_timed):
             yield GenerationChunk(separator.join(texts), delta, [], [], 0)
-        for segment in segments[first_new - shown : first_new]:  # streamed before the outcome
+        for segment in segments[window_first:streamed]:  # streamed before the outcome
             segment.update(outcome.fields())
         if not condition_on_previous_text or outcome.temperature > 0.5:
             said.clear()
@@ -217,11 +217,20 @@ async def decode_seeking(
     yield _joined(finals, text, "")
 
 
+def cleared(start: float, end: float, text: str) -> bool:
+    """openai-whisper's transcribe() clears a segment that is instantaneous (its times after
+    the words refined them, with word timestamps) or holds no text: it keeps neither its text,
+    its words nor its tokens, so neither the transcript nor the next window's prompt has it."""
+    return start == end or not text.strip()
+
+
 def _timed_fields(timed: dict) -> dict:
-    """A segment's times refined by its words (openai-whisper's rounding), and the words; an
-    instantaneous segment keeps no words, as in openai-whisper."""
-    start, end = round(timed["start"], 2), round(timed["end"], 2)
-    return {"start": start, "end": end, "words": timed["words"] if start != end else []}
+    """A segment's times refined by its words (openai-whisper's rounding), and the words."""
+    return {
+        "start": round(timed["start"], 2),
+        "end": round(timed["end"], 2),
+        "words": timed["words"],
+    }
 
 
 def _joined(chunks: list[GenerationChunk], text: str, delta: str) -> GenerationChunk:
