@@ -10,8 +10,14 @@ import pytest
 
 from lora_serving.errors import ConfigError
 from lora_serving.settings import EngineSettings
-from tests.unit.adapter_factory import publish
-from tests.unit.test_adapter_fleet import FakeEngine, new_fleet, run, staged, world  # noqa: F401
+from tests.unit.adapter_factory import make_base, publish
+from tests.unit.test_adapter_fleet import FakeEngine, new_fleet, run, staged
+
+
+@pytest.fixture
+def world(tmp_path):
+    """As test_adapter_fleet's: (base model folder, adapter root, staging folder, logs)."""
+    return make_base(tmp_path / "base"), tmp_path / "root", tmp_path / "staging", []
 
 
 class PinningEngine(FakeEngine):
