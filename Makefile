@@ -15,7 +15,7 @@ DTYPE ?= auto
 WEIGHTS ?= float
 
 .PHONY: setup serve test test-unit lint lint-deploy lock lock-gpu lock-lint lock-genai-perf image \
-	lock-openai-sdk lock-whisper-tiktoken lock-openai-whisper clean-models \
+	lock-openai-sdk lock-whisper-tiktoken lock-openai-whisper lock-moto-server clean-models \
 	gpu-venv gpu-check
 
 # Idempotent: a finished step takes a second or two, so the other targets always run it.
@@ -81,6 +81,11 @@ lock-genai-perf: setup
 lock-openai-sdk: setup
 	@$(VENV)/bin/uv pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 		requirements/openai-sdk.in -o requirements/openai-sdk.txt
+
+# moto's S3-API server, the object store of the adapter tests (scripts/s3_server.sh; make setup).
+lock-moto-server: setup
+	@$(VENV)/bin/uv pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+		requirements/moto-server.in -o requirements/moto-server.txt
 
 # openai-whisper's tokenizer, the reference of tests/unit/test_whisper_tokenizer.py
 # (scripts/whisper_tiktoken.sh).

@@ -13,7 +13,7 @@ UV_VERSION=0.13.9
 PYTRITON_WHEEL=nvidia-pytriton==0.7.0            # carries tritonserver 2.51.0 + Python backend
 PERF_ANALYZER_WHEEL=tritonclient==2.51.0         # the perf_analyzer binary that runs on glibc 2.36
 CUDART_WHEEL=nvidia-cuda-runtime-cu12==12.9.79   # libcudart.so.12, which perf_analyzer links
-STEPS=5
+STEPS=6
 step() { echo; echo "==> [$1/$STEPS] $2"; }
 t0=$(date +%s)
 
@@ -93,6 +93,9 @@ fi
 
 step 5 "demo models and adapters in demo_models/ (built locally, no model hub)"
 "$VENV/bin/python" -m lora_tools.demo build "$ROOT/demo_models"
+
+step 6 "moto's S3-API server for the object-storage adapter tests (its own environment, not .venv)"
+"$ROOT/scripts/s3_server.sh" --install-only
 
 echo
 echo "setup done in $(( $(date +%s) - t0 )) s"
