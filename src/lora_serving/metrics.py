@@ -78,6 +78,14 @@ class AdapterStates:
     counts: Mapping[str, int]
 
 
+@dataclass(frozen=True)
+class AdapterRootErrors:
+    """Per configured adapter root: the Unix time its current error began (it could not be
+    read: a folder unmounted, an object store down), or 0 while it reads fine."""
+
+    since: Mapping[str, float]
+
+
 class MetricsSink(Protocol):
     def record(self, event) -> None: ...
 

@@ -11,6 +11,7 @@ Every problem is reported at once, naming the key.
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,17 @@ DEFAULT_MAX_LORAS = 4  # vLLM's default of 1 would serve one adapter per batch
 class AdapterOptions:
     """model.json `serving.adapters`: where adapters come from and who may change them."""
 
-    # Folders whose subfolders are adapters named after them; relative to model.json.
-    roots: tuple[Path, ...] = ()
+    # Folders whose subfolders are adapters named after them (relative to model.json), or
+    # object-storage prefixes `s3://bucket/prefix/` whose immediate "subfolders" are (kept as
+    # strings; adapters.object_store).
+    roots: tuple[Path | str, ...] = ()
+    # An environment variable listing more roots (comma-separated, same forms), read when the
+    # model loads: a deployment adds a bucket without editing model.json.
+    roots_env: str | None = None
+    # Object-storage roots: an adapter whose files to download exceed either bound is refused
+    # before anything is downloaded (its listing's sizes and object count).
+    max_adapter_bytes: int = 2 * 1024**3
+    max_adapter_objects: int = 64
     # Seconds between folder rescans (0: only on request). Rescans are cheap: one stat per file.
     rescan_interval_s: float = 30.0
     # adapter_command requests: "off", "list" (list + rescan) or "full" (+ load / unload).
@@ -59,7 +69,15 @@ class AdapterOptions:
                 problems.append(f"serving.adapters.{key} must be a list of non-empty strings")
                 items = []
             values[key] = tuple(items)
-        values["roots"] = tuple(_relative_to(model_dir, root) for root in values["roots"])
+        roots = [adapter_root(root, model_dir) for root in values["roots"]]
+        problems.extend(f"serving.adapters.roots: {root}" for root in roots if _is_problem(root))
+        values["roots"] = tuple(root for root in roots if not _is_problem(root))
+        for key in ("max_adapter_bytes", "max_adapter_objects"):
+            value = raw.get(key, getattr(cls, key))
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append(f"serving.adapters.{key} must be an integer >= 1, got {value!r}")
+            else:
+                values[key] = value
         interval = raw.get("rescan_interval_s", cls.rescan_interval_s)
         if isinstance(interval, bool) or not isinstance(interval, int | float) or interval < 0:
             problems.append(f"serving.adapters.rescan_interval_s must be >= 0, got {interval!r}")
@@ -73,19 +91,49 @@ class AdapterOptions:
             )
         else:
             values["control"] = control
-        token_env = raw.get("control_token_env")
-        if token_env is not None and not (isinstance(token_env, str) and token_env.isidentifier()):
-            problems.append(
-                "serving.adapters.control_token_env must be an environment variable's name"
-            )
-        elif token_env:
-            values["control_token_env"] = token_env
+        for key in ("control_token_env", "roots_env"):
+            variable = raw.get(key)
+            if variable is not None and not (isinstance(variable, str) and variable.isidentifier()):
+                problems.append(f"serving.adapters.{key} must be an environment variable's name")
+            elif variable:
+                values[key] = variable
         snapshot_dir = raw.get("snapshot_dir")
         if snapshot_dir is not None and not (isinstance(snapshot_dir, str) and snapshot_dir):
             problems.append("serving.adapters.snapshot_dir must be a folder path")
         elif snapshot_dir:
             values["snapshot_dir"] = _relative_to(model_dir, snapshot_dir)
         return cls(**values), problems
+
+    def all_roots(self, *, model_dir: Path, environ=os.environ) -> tuple[Path | str, ...]:
+        """`roots` plus those `roots_env` names now; ConfigError for a bad one."""
+        value = environ.get(self.roots_env, "") if self.roots_env else ""
+        extra = [adapter_root(item.strip(), model_dir) for item in value.split(",") if item.strip()]
+        problems = [f"{self.roots_env}: {root}" for root in extra if _is_problem(root)]
+        if problems:
+            raise ConfigError("serving.adapters.roots_env", problems)
+        return tuple(dict.fromkeys((*self.roots, *extra)))  # each root once, in order
+
+
+class _Problem(str):
+    """What adapter_root returns for a value it cannot use (the message)."""
+
+
+def _is_problem(root) -> bool:
+    return isinstance(root, _Problem)
+
+
+def adapter_root(value: str, model_dir: Path) -> "Path | str":
+    """A folder (relative to model.json) or a normalised `s3://bucket/prefix/`."""
+    if "://" not in value:
+        return _relative_to(model_dir, value)
+    scheme, _, rest = value.partition("://")
+    bucket, _, prefix = rest.partition("/")
+    if scheme != "s3":
+        return _Problem(f"{value!r}: only folders and s3://bucket/prefix/ URLs are supported")
+    prefix = prefix.strip("/")
+    if not bucket or any(part in ("", ".", "..") for part in prefix.split("/") if prefix):
+        return _Problem(f"{value!r}: expected s3://bucket/ or s3://bucket/prefix/")
+    return f"s3://{bucket}/{prefix + '/' if prefix else ''}"
 
 
 def _relative_to(model_dir: Path, path: str) -> Path:

@@ -1,51 +1,69 @@
-"""Where adapters come from, and the private copies the engine reads.
+"""Where adapters come from: one small interface (AdapterSource), several sources.
 
+A source offers, on each `scan`, candidates (a name, where it is, and a fingerprint that
+changes whenever what would be served changes) and refusals (names it holds but cannot offer,
+with the reason); `materialise` writes one candidate's files into a private snapshot folder.
 Sources, in order of precedence for a name:
   multi_lora.json   Triton vllm_backend's {"name": "folder"}, written by the operator with the
                     model repository; its folders may lie anywhere (like model.json's `model`).
-  adapter roots     each subfolder of a root is an adapter named after it. Dot-folders are
-                    skipped, so an adapter written to `.name.tmp` and renamed into place is
-                    never seen half-written. Whatever a root holds must resolve inside it: a
-                    symlink (folder or file) pointing out of the root is refused.
-  control requests  `load name path` names a folder inside a root (see adapters.control).
+                    (adapters.folders.MultiLoraFile)
+  adapter roots     each subfolder of a folder root is an adapter named after it
+                    (adapters.folders.FolderRoot); each immediate "subfolder" of an
+                    s3://bucket/prefix/ root likewise (adapters.object_store.S3Root).
+  control requests  `load name path` names a folder or prefix inside a root (`locate`).
 
-The engine never reads an operator's folder: each loaded version is copied into a private
-snapshot first and checked there, so what was checked is exactly what is served, and files
-replaced or deleted later cannot change or break a version the engine may still load.
+The engine never reads an operator's folder or bucket: each loaded version is copied into a
+private snapshot first and checked there (adapters.snapshots), so what was checked is exactly
+what is served, and files replaced or deleted later cannot change or break a version the
+engine may still load.
 """
 
-import itertools
-import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from lora_serving.adapters.catalog import (
-    CONFIG_FILE,
-    PICKLE_FILE,
-    PICKLE_REFUSED,
-    WEIGHTS_FILE,
-    check_adapter_name,
-)
-from lora_serving.errors import ConfigError, InvalidRequest
+from lora_serving.adapters.catalog import check_adapter_name
+from lora_serving.adapters.snapshots import Snapshots
+from lora_serving.errors import InvalidRequest
+
+__all__ = [
+    "CONTROL",
+    "MULTI_LORA",
+    "ROOT",
+    "AdapterSource",
+    "AdapterSources",
+    "Candidate",
+    "Refusal",
+    "Snapshots",
+    "SourceScan",
+    "SourceUnavailable",
+]
 
 MULTI_LORA = "multi_lora.json"
 ROOT = "root"
 CONTROL = "control"
-_FILES = (CONFIG_FILE, WEIGHTS_FILE, PICKLE_FILE)
+
+
+class SourceUnavailable(Exception):
+    """A source cannot be read just now (store down or slow, an object changed while it was
+    downloaded): tried again at the next rescan, never remembered as a refusal."""
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """An adapter folder a source offers; `fingerprint` changes whenever one of its files does."""
+    """An adapter a source offers; `fingerprint` changes whenever one of its files does."""
 
     name: str
-    folder: Path  # resolved
-    source: str
+    origin: Path | str  # where it is: a resolved folder, or an s3://bucket/prefix/name/ URL
+    source: str  # multi_lora.json | root | control
     fingerprint: tuple
-    root: Path | None = None  # the configured root that confines it; None for multi_lora.json
+    root: Path | str | None = None  # the configured root that confines it; None: multi_lora.json
+    provider: "AdapterSource | None" = field(default=None, compare=False, repr=False)
+
+    @property
+    def source_key(self) -> str:
+        """The key SourceScan.unreadable uses for the source it came from."""
+        return str(self.root) if self.root is not None else self.source
 
 
 @dataclass(frozen=True)
@@ -63,186 +81,127 @@ class SourceScan:
     unreadable: dict[str, str] = field(default_factory=dict)
 
 
-def fingerprint(folder: Path) -> tuple:
-    """(folder, and per file: inode, size, mtime), following symlinks; None for a missing file."""
-    stats = []
-    for name in _FILES:
-        try:
-            st = os.stat(folder / name)
-            stats.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
-        except OSError:
-            stats.append(None)
-    return (str(folder), *stats)
+class AdapterSource(Protocol):
+    """One place adapters come from (called from worker threads, one scan at a time)."""
+
+    key: str  # names it in SourceScan.unreadable and the listing: "multi_lora.json", a root
+
+    def scan(self) -> SourceScan:
+        """What it offers now; an unreadable source says so in `unreadable`, never raises."""
+        ...
+
+    def materialise(self, candidate: Candidate, folder: Path) -> None:
+        """Write the candidate's adapter_config.json and safetensors weights into `folder`
+        (empty, private). ConfigError: refused; SourceUnavailable: try again later."""
+        ...
 
 
-def _inside(path: Path, root: Path) -> bool:
-    return path == root or path.is_relative_to(root)
+class AdapterRoot(AdapterSource, Protocol):
+    """A root: it also resolves a control request's path, and describes itself."""
 
+    def join(self, relative: str) -> str:
+        """`relative` (a control request's path) inside this root."""
+        ...
 
-def confine(folder: Path, root: Path) -> Path:
-    """The folder's real path if it and its adapter files resolve inside `root` (resolved)."""
-    real = folder.resolve()
-    if not _inside(real, root):
-        raise ConfigError(f"{folder}", [f"resolves to {real}, outside the adapter root {root}"])
-    for name in _FILES:
-        file = real / name
-        if file.exists() and not _inside(file.resolve(), root):
-            raise ConfigError(f"{folder}", [f"{name} links outside the adapter root {root}"])
-    return real
+    def locate(self, name: str, path: str) -> Candidate | None:
+        """The adapter at `path` (absolute, or a URL) as `name`; None if outside this root;
+        InvalidRequest if inside but unusable."""
+        ...
+
+    def describe(self) -> dict: ...
 
 
 class AdapterSources:
-    def __init__(self, multi_lora: Path | None, roots: tuple[Path, ...]):
+    """Every source of one model, in precedence order; a name offered twice is refused the
+    second time."""
+
+    def __init__(
+        self,
+        multi_lora: Path | None,
+        roots: tuple[Path | str, ...],
+        *,
+        max_adapter_bytes: int = 2 * 1024**3,
+        max_adapter_objects: int = 64,
+    ):
+        # Imported here: the sources' modules import this one's types.
+        from lora_serving.adapters.folders import FolderRoot, MultiLoraFile
+        from lora_serving.adapters.object_store import S3Root, is_s3_url
+
         self.multi_lora = multi_lora
-        self.roots = tuple(Path(root) for root in roots)
+        self.roots = tuple(root if is_s3_url(root) else Path(root) for root in roots)
+        self._multi_lora = MultiLoraFile(multi_lora) if multi_lora is not None else None
+        self._roots: list[AdapterRoot] = [
+            S3Root(root, max_adapter_bytes=max_adapter_bytes, max_objects=max_adapter_objects)
+            if isinstance(root, str)
+            else FolderRoot(root)
+            for root in self.roots
+        ]
+
+    @classmethod
+    def from_settings(cls, settings) -> "AdapterSources":
+        """model.json's sources (none with LoRA off); roots_env is read now."""
+        if not settings.lora_enabled:
+            return cls(None, ())
+        options = settings.serving.adapters
+        return cls(
+            settings.multi_lora_path,
+            options.all_roots(model_dir=settings.model_dir),
+            max_adapter_bytes=options.max_adapter_bytes,
+            max_adapter_objects=options.max_adapter_objects,
+        )
 
     def scan(self) -> SourceScan:
-        """Every source's adapters now; a name offered twice is refused the second time."""
+        """Every source's adapters now."""
         scan = SourceScan()
-        if self.multi_lora is not None and self.multi_lora.exists():
-            self._scan_multi_lora(scan)
-        for root in self.roots:
-            self._scan_root(root, scan)
+        sources: list[AdapterSource] = list(self._roots)
+        if self._multi_lora is not None and self._multi_lora.path.exists():
+            sources.insert(0, self._multi_lora)
+        for source in sources:
+            found = source.scan()
+            scan.unreadable.update(found.unreadable)
+            for name, refusal in found.refused.items():
+                scan.refused.setdefault(name, refusal)
+            for candidate in found.candidates.values():
+                self._offer(scan, candidate)
         return scan
 
-    def _offer(self, scan: SourceScan, candidate: Candidate, where: str) -> None:
+    @staticmethod
+    def _offer(scan: SourceScan, candidate: Candidate) -> None:
         taken = scan.candidates.get(candidate.name)
-        if taken is not None:
-            message = (
-                f"adapter '{candidate.name}' in {where} is also provided by {_describe(taken)}; "
-                "the first one is served"
-            )
-            scan.refused.setdefault(candidate.name, Refusal(candidate.source, message))
+        if taken is None:
+            scan.candidates[candidate.name] = candidate
             return
-        scan.candidates[candidate.name] = candidate
-
-    def _scan_multi_lora(self, scan: SourceScan) -> None:
-        path = self.multi_lora
-        try:
-            entries = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            scan.unreadable[MULTI_LORA] = f"{path}: cannot read adapter list: {err}"
-            return
-        if not isinstance(entries, dict):
-            scan.unreadable[MULTI_LORA] = (
-                f'{path}: must be a JSON object {{"adapter name": "folder"}}'
-            )
-            return
-        for name, folder in entries.items():
-            try:
-                check_adapter_name(name)
-            except InvalidRequest as err:
-                scan.refused[str(name)[:80]] = Refusal(MULTI_LORA, f"{path}: {err}")
-                continue
-            real = (path.parent / str(folder)).resolve()
-            if not real.is_dir():
-                message = f"adapter '{name}' ({path}): folder {real} does not exist"
-                scan.refused[name] = Refusal(MULTI_LORA, message)
-                continue
-            self._offer(scan, Candidate(name, real, MULTI_LORA, fingerprint(real)), str(path))
-
-    def _scan_root(self, root: Path, scan: SourceScan) -> None:
-        try:
-            real_root = root.resolve(strict=True)
-            entries = sorted(os.scandir(real_root), key=lambda entry: entry.name)
-        except OSError as err:
-            scan.unreadable[str(root)] = (
-                f"adapter root {root} cannot be read: {err.strerror or err}"
-            )
-            return
-        for entry in entries:
-            if entry.name.startswith(".") or not entry.is_dir():  # follows symlinks
-                continue
-            try:
-                check_adapter_name(entry.name)
-                real = confine(Path(entry.path), real_root)
-            except (InvalidRequest, ConfigError) as err:
-                scan.refused[entry.name[:80]] = Refusal(ROOT, f"{root}/{entry.name}: {err}")
-                continue
-            candidate = Candidate(entry.name, real, ROOT, fingerprint(real), root)
-            self._offer(scan, candidate, f"root {root}")
+        where = f"root {candidate.root}" if candidate.root is not None else str(candidate.origin)
+        message = (
+            f"adapter '{candidate.name}' in {where} is also provided by {_describe(taken)}; "
+            "the first one is served"
+        )
+        scan.refused.setdefault(candidate.name, Refusal(candidate.source, message))
 
     def locate(self, name: str, path: str) -> Candidate:
-        """A folder named by a control request: absolute, or relative to the first root; it
-        must lie inside a root."""
+        """An adapter named by a control request: a folder (absolute, or relative to the first
+        root) or an s3:// URL; it must lie inside a root."""
         check_adapter_name(name)
-        if not self.roots:
+        if not self._roots:
             raise InvalidRequest(
                 "no adapter roots are configured (serving.adapters.roots in model.json); "
                 "runtime loads are limited to folders inside them"
             )
-        folder = Path(path)
-        if not folder.is_absolute():
-            folder = self.roots[0] / folder
-        real = folder.resolve()
-        for root in self.roots:
-            real_root = root.resolve()
-            if _inside(real, real_root):
-                if not real.is_dir():
-                    raise InvalidRequest(f"adapter folder {folder} does not exist")
-                try:
-                    confine(folder, real_root)
-                except ConfigError as err:
-                    raise InvalidRequest(str(err)) from None
-                return Candidate(name, real, CONTROL, fingerprint(real), root)
+        if "://" not in path and not Path(path).is_absolute():
+            path = self._roots[0].join(path)
+        for root in self._roots:
+            candidate = root.locate(name, path)
+            if candidate is not None:
+                return candidate
         roots = ", ".join(str(root) for root in self.roots)
-        raise InvalidRequest(
-            f"adapter folder {folder} resolves to {real}, outside the adapter roots ({roots})"
-        )
+        shown = path if "://" in path else f"folder {path} resolves to {Path(path).resolve()},"
+        raise InvalidRequest(f"adapter {shown} outside the adapter roots ({roots})")
 
     def describe_roots(self) -> list[dict]:
-        return [{"path": str(root), "exists": root.is_dir()} for root in self.roots]
+        return [root.describe() for root in self._roots]
 
 
 def _describe(candidate: Candidate) -> str:
     if candidate.source == ROOT:
         return f"root {candidate.root}"
     return candidate.source
-
-
-class Snapshots:
-    """Private copies of adapter folders, one per loaded version, removed when it is dropped."""
-
-    def __init__(self, parent: Path | None, label: str):
-        if parent is not None:
-            parent.mkdir(parents=True, exist_ok=True)
-        self.folder = Path(tempfile.mkdtemp(prefix=f"lora-adapters-{label}-", dir=parent))
-        self._names = itertools.count()
-
-    def take(self, candidate: Candidate, int_id: int) -> Path:
-        """Copy the adapter's config and safetensors weights (nothing else is ever read)."""
-        source = candidate.folder
-        if not (source / WEIGHTS_FILE).exists() and (source / PICKLE_FILE).exists():
-            raise ConfigError(f"adapter '{candidate.name}' ({source})", [PICKLE_REFUSED])
-        real_root = candidate.root.resolve() if candidate.root is not None else None
-        target = self.folder / f"{candidate.name}@{int_id}"
-        target.mkdir()
-        try:
-            for name in (CONFIG_FILE, WEIGHTS_FILE):
-                if (source / name).exists():
-                    real = (source / name).resolve()
-                    if real_root is not None and not _inside(real, real_root):
-                        raise ConfigError(str(source), [f"{name} links outside the adapter root"])
-                    _copy_file(real, target / name)
-                    (target / name).chmod(0o444)  # what was checked is not to be edited
-        except OSError as err:
-            self.remove(target)
-            raise ConfigError(str(source), [f"cannot copy the adapter: {err}"]) from None
-        except ConfigError:
-            self.remove(target)
-            raise
-        return target
-
-    def remove(self, snapshot: Path) -> None:
-        if snapshot.parent == self.folder:
-            shutil.rmtree(snapshot, ignore_errors=True)
-
-    def close(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _copy_file(source: Path, target: Path) -> None:
-    """Copy a resolved file; O_NOFOLLOW refuses a symlink swapped in since it was resolved."""
-    descriptor = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(descriptor, "rb") as reader, open(target, "xb") as writer:
-        shutil.copyfileobj(reader, writer, 1 << 20)

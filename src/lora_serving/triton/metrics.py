@@ -11,6 +11,8 @@ adapter ("(base)": no adapter; "(unknown)": refused before its adapter was known
   lora_kv_cache_usage_perc               gauge: fraction of the engine's KV cache in use (0..1)
   lora_max_loras                         gauge: the engine's LoRA slots (max_loras; 0: LoRA off)
   lora_adapters{state}                   gauge: served adapters loaded / cached / registered
+  lora_adapter_root_error_since_seconds{root}   gauge: Unix time the adapter root's current
+                                         error began (cannot be read); 0 while it reads fine
   lora_adapter_slot_loads_total          adapters moved into a LoRA slot (vLLM activate_adapter)
   lora_adapter_cache_loads_total         adapters read from their folder into the engine's cache
   lora_encoder_runs_total                Whisper: audio windows the encoder computed
@@ -33,6 +35,7 @@ import triton_python_backend_utils as pb_utils
 from lora_serving.metrics import (
     REFUSED,
     AdapterLoads,
+    AdapterRootErrors,
     AdapterStates,
     EncoderWork,
     JobFinished,
@@ -57,6 +60,11 @@ _FAMILIES = {
     "kv_cache_usage": ("lora_kv_cache_usage_perc", "GAUGE", "KV cache usage, 1 = full"),
     "max_loras": ("lora_max_loras", "GAUGE", "Adapters one batch can use (LoRA slots)"),
     "adapters": ("lora_adapters", "GAUGE", "Served adapters by state"),
+    "root_errors": (
+        "lora_adapter_root_error_since_seconds",
+        "GAUGE",
+        "Unix time an adapter root's current read error began; 0 while it reads fine",
+    ),
     "slot_loads": ("lora_adapter_slot_loads_total", "COUNTER", "Adapters loaded into a slot"),
     "cache_loads": ("lora_adapter_cache_loads_total", "COUNTER", "Adapters read into the cache"),
     "encoder_runs": ("lora_encoder_runs_total", "COUNTER", "Audio windows encoded"),
@@ -158,6 +166,9 @@ class TritonMetrics:
         elif isinstance(event, AdapterStates):
             for state, count in event.counts.items():
                 self._metric("adapters", state=state).set(count)
+        elif isinstance(event, AdapterRootErrors):
+            for root, since in event.since.items():
+                self._metric("root_errors", root=root).set(since)
         elif isinstance(event, AdapterLoads):
             self._count_up("slot_loads", event.slot_loads)
             self._count_up("cache_loads", event.cache_loads)
