@@ -143,6 +143,37 @@ def start_triton(
     raise AssertionError("unreachable: the second stalled start raised")
 
 
+# The shared server's object store: a moto S3-API server for the whole run, named to
+# qwen_vl_lora as an extra adapter root through model.json's serving.adapters.roots_env (so the
+# repository's model.json loads unchanged), found by the model's boto3 client through the
+# standard AWS variables tritonserver inherits.
+E2E_BUCKET = "lora-e2e"
+QWEN_VL_S3_ROOT = f"s3://{E2E_BUCKET}/qwen_vl_lora/"
+QWEN_VL_ROOTS_ENV = "LORA_QWEN_VL_ADAPTER_ROOTS"  # model_repository/qwen_vl_lora's roots_env
+_object_store = None
+
+
+def start_object_store(tmp_path_factory):
+    """The run's S3-API server (started once), its bucket, and the variables the server needs."""
+    global _object_store
+    if _object_store is None:
+        from tests.s3_server import S3Server
+
+        server = S3Server(tmp_path_factory.mktemp("s3") / "moto.log").start()
+        server.client().create_bucket(Bucket=E2E_BUCKET)
+        os.environ.update(server.environment())
+        os.environ[QWEN_VL_ROOTS_ENV] = QWEN_VL_S3_ROOT
+        _object_store = server
+    return _object_store
+
+
+@pytest.fixture(scope="session")
+def object_store(triton_server):
+    """(the S3-API server, its bucket) that the shared server's qwen_vl_lora reads adapters
+    from (QWEN_VL_S3_ROOT)."""
+    return _object_store, E2E_BUCKET
+
+
 class _EarlyStart:
     """The shared server, started in a thread as soon as collection shows an e2e test: its
     ~1.5 min start (two engines) then overlaps the unit tests, which leave the second core idle."""
@@ -157,6 +188,7 @@ class _EarlyStart:
 
     def _start(self, tmp_path_factory) -> None:
         try:
+            start_object_store(tmp_path_factory)
             self.server = start_triton(
                 tmp_path_factory, "triton", [f"--load-model={name}" for name in _test_models()]
             )
@@ -201,6 +233,8 @@ def pytest_unconfigure(config):
             _early_start.result().stop()
         except BaseException:
             pass  # the start failed: nothing is left running
+    if _object_store is not None:
+        _object_store.stop()
 
 
 @pytest.fixture(scope="session")
@@ -212,6 +246,7 @@ def triton_server(demo_models, tmp_path_factory):
     if _early_start is not None:
         server, _early_start = _early_start.result(), None
     else:
+        start_object_store(tmp_path_factory)
         server = start_triton(
             tmp_path_factory, "triton", [f"--load-model={name}" for name in _test_models()]
         )

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from lora_client.requests import RequestError, adapter_command, grpc_stream
 
-from tests.conftest import REPO
+from tests.conftest import QWEN_VL_S3_ROOT, REPO
 from tests.e2e.test_qwen_vl_lora import chat_prompt, rgb
 from tests.e2e.test_serving_stack import PROMPT, png, qwen_inputs
 from tests.e2e.triton_calls import grpc_many, grpc_one, sampling
@@ -221,7 +221,10 @@ def test_list_shows_rank_modules_source_and_state_over_grpc_and_http(grpc_url, h
     assert listing["pinned"] == ["alpha"]
     pins = {item["name"]: item["pinned"] for item in listing["adapters"]}
     assert pins["alpha"] is True and not any(p for name, p in pins.items() if name != "alpha")
-    assert listing["roots"] == [{"path": str(ROOT), "exists": True}]
+    assert listing["roots"] == [
+        {"path": str(ROOT), "exists": True},
+        {"path": QWEN_VL_S3_ROOT, "exists": True},  # serving.adapters.roots_env
+    ]
     assert listing["model"] == MODEL
 
 
@@ -291,6 +294,36 @@ def test_a_new_folder_is_picked_up_without_a_command(grpc_url, qwen2_base, tmp_p
         time.sleep(0.5)
     assert ask(grpc_url, name).text == reference(qwen2_base, folder)
     retract(name)
+
+
+def test_an_adapter_in_object_storage_is_served_replaced_and_removed(
+    grpc_url, qwen2_base, tmp_path, object_store
+):
+    """A bucket prefix as a root (QWEN_VL_S3_ROOT, moto's S3-API server): each version is
+    downloaded into the model's snapshot, checked, and served equal to its merged reference."""
+    from tests.s3_server import delete, upload
+
+    server, bucket = object_store
+    client, prefix = server.client(), QWEN_VL_S3_ROOT.removeprefix(f"s3://{bucket}/")
+    name = f"{PREFIX}_s3"
+    v1 = qwen_adapters(qwen2_base, tmp_path / "v1", [name], seed=41) / name
+    v2 = qwen_adapters(qwen2_base, tmp_path / "v2", [name], seed=42) / name
+    try:
+        upload(client, bucket, prefix, v1)
+        command(grpc_url, "rescan")
+        item = served(grpc_url)[name]
+        assert item["path"] == f"{QWEN_VL_S3_ROOT}{name}/" and item["source"] == "root"
+        assert ask(grpc_url, name).text == reference(qwen2_base, v1)
+
+        upload(client, bucket, prefix, v2)  # new ETags: a new version
+        command(grpc_url, "rescan")
+        assert served(grpc_url)[name]["version"] == 2
+        assert ask(grpc_url, name).text == reference(qwen2_base, v2)
+    finally:
+        delete(client, bucket, f"{prefix}{name}/")
+    command(grpc_url, "rescan")
+    assert name not in served(grpc_url)
+    assert f"unknown adapter '{name}'" in ask(grpc_url, name).error
 
 
 # ---- many adapters -------------------------------------------------------------------------------
