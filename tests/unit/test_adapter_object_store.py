@@ -16,6 +16,7 @@ from lora_serving.adapters.catalog import load_adapter
 from lora_serving.adapters.checks import BaseModel
 from lora_serving.adapters.fleet import AdapterFleet
 from lora_serving.adapters.object_store import S3Root
+from lora_serving.adapters.snapshots import Snapshots
 from lora_serving.adapters.sources import AdapterSources, SourceUnavailable
 from lora_serving.errors import ConfigError, InvalidRequest, UnknownAdapter
 from lora_serving.metrics import AdapterRootErrors
@@ -61,18 +62,12 @@ def new_fleet(tmp_path, world, bucket, *, metrics=None, logs=None, **limits) -> 
     logs = [] if logs is None else logs
     return AdapterFleet(
         sources=AdapterSources(None, (f"s3://{bucket}/{PREFIX}",), **limits),
-        snapshots=_snapshots(tmp_path),
+        snapshots=Snapshots(tmp_path / "snapshots", "s3"),
         validate=partial(load_adapter, max_lora_rank=8, base_model=BaseModel.from_folder(base)),
         log=logs.append,
         warn=logs.append,
         metrics=metrics,
     )
-
-
-def _snapshots(tmp_path):
-    from lora_serving.adapters.snapshots import Snapshots
-
-    return Snapshots(tmp_path / "snapshots", "s3")
 
 
 # ---- listing, versions, deletion ---------------------------------------------------------------

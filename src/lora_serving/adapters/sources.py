@@ -157,7 +157,10 @@ class AdapterSources:
         if self._multi_lora is not None and self._multi_lora.path.exists():
             sources.insert(0, self._multi_lora)
         for source in sources:
-            found = source.scan()
+            try:
+                found = source.scan()
+            except Exception as err:  # a defect in one source must not stop the others
+                found = SourceScan(unreadable={source.key: f"{source.key}: scan failed: {err!r}"})
             scan.unreadable.update(found.unreadable)
             for name, refusal in found.refused.items():
                 scan.refused.setdefault(name, refusal)
