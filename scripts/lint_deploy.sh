@@ -34,7 +34,7 @@ CUSTOM_RESOURCES=(k8s/inference-gateway/inference-pool.yaml=k8s/schemas/inferenc
   k8s/inference-gateway/httproute.yaml=k8s/schemas/httproute-v1.json)
 SHELL_SCRIPTS=(docker/entrypoint.sh scripts/lint_deploy.sh scripts/gpu_check.sh scripts/gpu_venv.sh
   scripts/genai_perf.sh scripts/openai_sdk.sh scripts/peer_env.sh scripts/whisper_tiktoken.sh
-  scripts/openai_whisper.sh)
+  scripts/openai_whisper.sh scripts/s3_server.sh)
 YAMLLINT_CONFIG='{extends: default, rules: {line-length: {max: 100}, document-start: disable}}'
 
 install_tools() {
