@@ -4,7 +4,8 @@
   POST /v1/unload_lora_adapter  {"lora_name": "whisper_lora/acme-1"}
 
 `lora_name` is the model id (`<triton model>/<adapter>`), in the admin key's scope; `lora_path`
-is a folder on the Triton host inside one of the model's adapter roots (relative: to the first
+is a folder on the Triton host inside one of the model's adapter roots, or an
+`s3://bucket/prefix/folder/` directly under an object-storage root (relative: to the first
 root; absent: reload from the root or multi_lora.json). Each maps to the model's
 `adapter_command` `load NAME [PATH]` / `unload NAME` over gRPC, so the fleet checks the adapter
 as for any load. Only admin keys get here (lora_openai.auth answers 403 to the others). Every

@@ -332,3 +332,29 @@ def test_roots_env_adds_roots_when_the_model_loads(tmp_path):
         {"roots": ["s3://b/../x"], "max_adapter_bytes": 0, "roots_env": "1X"}, model_dir=tmp_path
     )
     assert len(problems) == 3, problems
+
+
+def test_a_name_in_a_folder_root_and_a_bucket_is_served_from_the_first_root(
+    tmp_path, world, bucket, s3
+):
+    base, _ = world
+    folder_root = tmp_path / "root"
+    make_adapter(folder_root / "shared", base=base)
+    upload(s3.client(), bucket, PREFIX, staged(world, "shared", seed=4))
+    url = f"s3://{bucket}/{PREFIX}"
+    fleet = AdapterFleet(
+        sources=AdapterSources(None, (folder_root, url)),
+        snapshots=Snapshots(tmp_path / "snapshots", "s3"),
+        validate=partial(load_adapter, max_lora_rank=8, base_model=BaseModel.from_folder(base)),
+        log=lambda line: None,
+    )
+
+    async def scenario():
+        assert fleet.resolve("shared").origin == (folder_root / "shared").resolve()
+        report = await fleet.rescan()
+        assert (
+            f"adapter 'shared' in root {url} is also provided by root {folder_root}"
+            in (report.refused["shared"])
+        )
+
+    run(fleet, FakeEngine(), scenario)
