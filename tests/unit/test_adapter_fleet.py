@@ -357,8 +357,8 @@ def test_unchanged_refused_folder_is_not_retried_fixed_one_is_added(tmp_path, wo
     publish(staged(world, "later", rank=16), root, "later")
     calls = []
     fleet = new_fleet(tmp_path, world)
-    validate = fleet._validate
-    fleet._validate = lambda *args, **kwargs: calls.append(args[0]) or validate(*args, **kwargs)
+    validate = fleet._loader.validate
+    fleet._loader.validate = lambda *args, **kw: calls.append(args[0]) or validate(*args, **kw)
 
     async def scenario():
         await fleet.rescan()

@@ -14,23 +14,24 @@ restart of Triton or the engine.
   the control requests until `load name` (no path) hands them back to the file sources.
 
 Where adapters come from is adapters.sources (one interface per kind of source); which
-version serves each name, and who leases it, is adapters.registry. The fleet connects them to
-the engine: snapshots, checks, add_lora / remove_lora, rescans and control commands.
+version serves each name, and who leases it, is adapters.registry; taking a version into the
+engine and out again is adapters.loader. The fleet drives them: start, rescans, control
+commands, listing.
 
 Threads: changes and leases run on the engine loop (changes one at a time, under an asyncio
 lock); `resolve` runs on Triton's thread. The registry has its own lock.
 """
 
 import asyncio
-import itertools
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from lora_serving.adapters.catalog import Adapter, check_adapter_name, load_adapter
 from lora_serving.adapters.checks import BaseModel
 from lora_serving.adapters.folders import fingerprint
+from lora_serving.adapters.loader import EngineLoRA, Validate, VersionLoader
 from lora_serving.adapters.pinning import PinnedAdapters
 from lora_serving.adapters.registry import UNLOADED, AdapterRegistry, Version
 from lora_serving.adapters.reports import EngineStates, Refusals, ScanReport, SourceProblems
@@ -48,23 +49,6 @@ from lora_serving.settings import EngineSettings
 
 STATE_INTERVAL_S = 5.0  # how often the adapter-state gauges are refreshed from the engine
 
-
-class EngineLoRA(Protocol):
-    """What the fleet needs from the engine (EngineHost implements it; loop thread only)."""
-
-    async def add_lora(self, adapter: Adapter) -> None: ...
-
-    async def remove_lora(self, int_id: int) -> None: ...
-
-    async def pin_lora(self, int_id: int) -> None:
-        """Keep a loaded adapter in the engine's adapter cache (adapters.pinning)."""
-
-    async def lora_state(self) -> tuple[set[int], set[int]]:
-        """(ids in the engine's LoRA slots, ids in its adapter cache)."""
-        ...
-
-
-Validate = Callable[..., Adapter]  # load_adapter with the model's limits bound
 
 __all__ = ["AdapterFleet", "EngineLoRA", "ScanReport"]
 
@@ -88,25 +72,22 @@ class AdapterFleet:
         self.enabled = enabled
         self.limits = limits or {}
         self._sources = sources
-        self._snapshots = snapshots
-        self._validate = validate
         self._rescan_interval_s = rescan_interval_s
         self._log = log
         self._warn = warn or log
         self._metrics = metrics or NoMetrics()
         budget = len(set(pinned)) if pin_budget is None else pin_budget
         self._pins = PinnedAdapters(pinned, budget, self._warn)
-        self._engine: EngineLoRA | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._registry = AdapterRegistry(enabled=enabled, warn=self._warn)
         self._states = EngineStates(
             self._registry, enabled=enabled, warn=self._warn, metrics=self._metrics
         )
         self._refused = Refusals(self._warn)
+        self._loader = VersionLoader(snapshots, validate, self._registry, self._pins, self._warn)
         self._problems = SourceProblems(
             sources.roots, log=self._log, warn=self._warn, metrics=self._metrics
         )
-        self._ids = itertools.count(1)
         self._pending: list[tuple[Candidate, Adapter]] = []
         self._changes = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
@@ -162,7 +143,9 @@ class AdapterFleet:
     def lease(self, adapter: Adapter | None):
         """Hold an adapter version for one job (AdapterRegistry.lease); a retired version
         is dropped when its last lease ends."""
-        return self._registry.lease(adapter, on_idle=lambda old: self._spawn(self._drop(old)))
+        return self._registry.lease(
+            adapter, on_idle=lambda old: self._spawn(self._loader.drop(old))
+        )
 
     # ---- start and stop ----------------------------------------------------------------------
     def prepare(self) -> None:
@@ -180,7 +163,7 @@ class AdapterFleet:
         self._refused.remember(scan)
         for candidate in scan.candidates.values():
             try:
-                adapter = self._snapshot_and_check(candidate, next(self._ids))
+                adapter = self._loader.take(candidate)
             except (ConfigError, SourceUnavailable) as err:
                 self._refuse_at_start(candidate, err, problems)
                 continue
@@ -200,13 +183,13 @@ class AdapterFleet:
 
     async def start(self, engine: EngineLoRA) -> None:
         """Load the prepared adapters into the engine, then start the background rescans."""
-        self._engine, self._loop = engine, asyncio.get_running_loop()
+        self._loader.engine, self._loop = engine, asyncio.get_running_loop()
         self._states.engine = engine
         self._pins.reset()
         problems = []
         for candidate, adapter in self._pending:
             try:
-                await self._load_into_engine(adapter, candidate)
+                await self._loader.load_into_engine(adapter, candidate)
             except ConfigError as err:
                 self._refuse_at_start(candidate, err, problems)
                 continue
@@ -227,7 +210,7 @@ class AdapterFleet:
     def close(self) -> None:
         """Remove every snapshot (the engine is gone by now)."""
         self._discard_pending()
-        self._snapshots.close()
+        self._loader.snapshots.close()
 
     # ---- changes (engine loop) ---------------------------------------------------------------
     async def rescan(self) -> ScanReport:
@@ -267,7 +250,7 @@ class AdapterFleet:
             report.refused[name] = unchanged  # unchanged since: not retried
             return
         try:
-            adapter = await self._admit(candidate)
+            adapter = await self._loader.admit(candidate)
         except (ConfigError, SourceUnavailable) as err:
             keeps = f" (version {current.adapter.version} keeps serving)" if current else ""
             if isinstance(err, SourceUnavailable):
@@ -298,7 +281,7 @@ class AdapterFleet:
             else:
                 candidate = await asyncio.to_thread(self._sources.locate, name, path)
             try:
-                adapter = await self._admit(candidate)
+                adapter = await self._loader.admit(candidate)
             except (ConfigError, SourceUnavailable) as err:
                 raise InvalidRequest(str(err)) from None
             if path is None:
@@ -347,75 +330,25 @@ class AdapterFleet:
         }
 
     # ---- internals ---------------------------------------------------------------------------
-    def _snapshot_and_check(self, candidate: Candidate, int_id: int) -> Adapter:
-        snapshot = self._snapshots.take(candidate, int_id)
-        try:
-            return self._validate(
-                candidate.name,
-                snapshot,
-                int_id,
-                source=candidate.source,
-                origin=candidate.origin,
-                version=self._registry.next_version(candidate.name),
-            )
-        except BaseException:
-            self._snapshots.remove(snapshot)
-            raise
-
-    async def _admit(self, candidate: Candidate) -> Adapter:
-        """Snapshot, check and load one version into the engine; ConfigError if refused,
-        SourceUnavailable if its source could not deliver it just now."""
-        adapter = await asyncio.to_thread(self._snapshot_and_check, candidate, next(self._ids))
-        await self._load_into_engine(adapter, candidate)
-        return adapter
-
-    async def _load_into_engine(self, adapter: Adapter, candidate: Candidate) -> None:
-        try:
-            await self._engine.add_lora(adapter)
-        except Exception as err:
-            try:
-                await self._engine.remove_lora(adapter.int_id)  # in case it got half-way in
-            except Exception:
-                pass
-            await asyncio.to_thread(self._snapshots.remove, adapter.path)
-            where = f"adapter '{candidate.name}' ({candidate.origin})"
-            raise ConfigError(where, [f"the engine refused it: {err}"]) from None
-
     async def _publish(self, adapter: Adapter, candidate: Candidate) -> bool:
         """Serve `adapter` under its name; True if it replaced a version (now retiring)."""
         version = Version(adapter, candidate, snapshot=fingerprint(adapter.path))
         old = self._registry.publish(version)
         if old is not None:
             await self._retire(old)
-        await self._pin_wanted()
+        await self._loader.pin_wanted()
         return old is not None
 
     async def _retire(self, version: Version) -> int:
         """Take a version out of service: drop it now, or when its last request ends."""
         in_flight = self._registry.retire(version)
         if in_flight == 0:
-            await self._drop(version)
+            await self._loader.drop(version)
         return in_flight
-
-    async def _drop(self, version: Version) -> None:
-        if not self._registry.mark_dropped(version):
-            return
-        try:
-            await self._engine.remove_lora(version.adapter.int_id)
-        except Exception as err:  # the engine may be shutting down; the snapshot still goes
-            self._warn(f"could not remove adapter id {version.adapter.int_id}: {err!r}")
-        self._pins.forget(version.adapter.int_id)
-        await asyncio.to_thread(self._snapshots.remove, version.adapter.path)
-        await self._pin_wanted()  # a replaced pinned version's successor may pin now
-
-    async def _pin_wanted(self) -> None:
-        if self._engine is None or not self._pins.names:
-            return
-        await self._pins.pin_wanted(self._registry.adapters(), self._engine.pin_lora)
 
     def _discard_pending(self) -> None:
         for _, adapter in self._pending:
-            self._snapshots.remove(adapter.path)
+            self._loader.snapshots.remove(adapter.path)
         self._pending.clear()
 
     def _spawn(self, coroutine) -> None:
