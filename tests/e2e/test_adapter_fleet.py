@@ -297,10 +297,12 @@ def test_a_new_folder_is_picked_up_without_a_command(grpc_url, qwen2_base, tmp_p
 
 
 def test_an_adapter_in_object_storage_is_served_replaced_and_removed(
-    grpc_url, qwen2_base, tmp_path, object_store
+    grpc_url, qwen2_base, tmp_path, object_store, triton_server
 ):
     """A bucket prefix as a root (QWEN_VL_S3_ROOT, moto's S3-API server): each version is
-    downloaded into the model's snapshot, checked, and served equal to its merged reference."""
+    downloaded into the model's snapshot, checked, and served equal to its merged reference;
+    with the store stopped the adapter keeps serving and the root's error shows in the listing
+    and on /metrics; once it is back, the next change is picked up."""
     from tests.s3_server import delete, upload
 
     server, bucket = object_store
@@ -315,18 +317,47 @@ def test_an_adapter_in_object_storage_is_served_replaced_and_removed(
         assert item["path"] == f"{QWEN_VL_S3_ROOT}{name}/" and item["source"] == "root"
         expected_v1 = reference(qwen2_base, v1)
         assert ask(grpc_url, name).text == expected_v1
+        assert root_error_since(triton_server.metrics) == 0.0
 
+        server.stop()
+        try:
+            report = command(grpc_url, "rescan")
+            assert f"adapter root {QWEN_VL_S3_ROOT} cannot be read" in report["problems"][0]
+            root = command(grpc_url, "list")["roots"][1]
+            assert root["path"] == QWEN_VL_S3_ROOT and "cannot be read" in root["error"]
+            assert ask(grpc_url, name).text == expected_v1  # serving goes on
+            assert time.time() - 600 < root_error_since(triton_server.metrics) <= time.time()
+        finally:
+            server.start()  # back, empty (moto keeps nothing): the bucket is written again
+            client.create_bucket(Bucket=bucket)
         upload(client, bucket, prefix, v2)  # new ETags: a new version
         command(grpc_url, "rescan")
         assert served(grpc_url)[name]["version"] == 2
+        assert "error" not in command(grpc_url, "list")["roots"][1]
         expected_v2 = reference(qwen2_base, v2)
         assert expected_v2 != expected_v1  # the two versions answer differently
         assert ask(grpc_url, name).text == expected_v2
+        assert root_error_since(triton_server.metrics) == 0.0
     finally:
         delete(client, bucket, f"{prefix}{name}/")
     command(grpc_url, "rescan")
     assert name not in served(grpc_url)
     assert f"unknown adapter '{name}'" in ask(grpc_url, name).error
+
+
+def root_error_since(metrics_port: int) -> float:
+    """lora_adapter_root_error_since_seconds of the bucket root (one stub serves the model)."""
+    from tests.e2e.test_adapter_metrics import scrape
+
+    values = [
+        value
+        for (metric, labels), value in scrape(metrics_port).items()
+        if metric == "lora_adapter_root_error_since_seconds"
+        and ("root", QWEN_VL_S3_ROOT) in labels
+        and ("model", MODEL) in labels
+    ]
+    assert len(values) == 1, values
+    return values[0]
 
 
 # ---- many adapters -------------------------------------------------------------------------------
