@@ -278,7 +278,7 @@ def v3_shape(demo_models, tmp_path_factory, tiny_en):
 
 
 def test_v3_shape_every_mode_and_adapter_kind_in_a_mixed_batch(v3_shape):
-    assert len(v3_shape.tokenizer) == 51_866 and v3_shape.task.languages["yue"] == 50_358
+    assert len(v3_shape.tokenizer) == 51_866 and v3_shape.task.model.languages["yue"] == 50_358
     audios = {f"audio{seed}": synthetic_audio(seed) for seed in (1, 2, 3)}
     modes = [
         {"language": "cantonese"},  # openai-whisper's name for yue
