@@ -1,34 +1,16 @@
-"""What crosses from request decoding to the engine and back: jobs in, chunks out."""
+"""What crosses between a task and the engine: the task's jobs drive the engine, chunks come back.
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+A task turns a request into a RequestPlan: one job per batch row. A job holds its own typed state
+and runs itself against an EngineSession, the narrow engine interface (stream or generate one
+engine request), which the engine host binds to the job's adapter, streaming mode, cancellation
+and metering. The engine never calls into a task.
+"""
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from lora_serving.adapters.catalog import Adapter
-
-
-@dataclass
-class GenerationJob:
-    """One prompt for the engine: one batch row of one Triton request."""
-
-    prompt: Any  # a vLLM prompt (dict form)
-    sampling: dict[str, Any]  # SamplingParams keyword arguments
-    adapter: Adapter | None
-    # Runs on the engine loop before generation and may rewrite `prompt` / `context`
-    # (Whisper: detect the language with a one-token generation, then build the real prompt).
-    prepare: Callable[["GenerationJob", "Generate"], Awaitable[None]] | None = None
-    # Replaces the job's single engine request when one row needs several (Whisper: one per
-    # 30 s window): given the engine's stream function, it yields the row's stitched chunks.
-    decode: Callable[["GenerationJob", "Stream"], AsyncIterator["GenerationChunk"]] | None = None
-    context: dict[str, Any] = field(default_factory=dict)  # task data used to render outputs
-
-
-@dataclass
-class RequestPlan:
-    """All jobs of one Triton request and how to answer it."""
-
-    jobs: list[GenerationJob]
-    stream: bool
 
 
 @dataclass
@@ -58,11 +40,43 @@ class GenerationChunk:
         return len(self.token_ids)
 
 
-# A one-shot generation used by `GenerationJob.prepare`: (prompt, sampling kwargs) -> final chunk.
-Generate = Callable[[Any, dict[str, Any]], Awaitable[GenerationChunk]]
-# A key of a Stream call's sampling dict, not a SamplingParams field: true asks for the final
-# chunk only, even when the job streams (Whisper's sampled retries: nothing of them is sent live).
-FINAL_ONLY = "final_only"
-# The engine's stream for `GenerationJob.decode`: (prompt, sampling kwargs) -> chunks of one
-# engine request, with the job's adapter, streaming mode and cancellation already bound.
-Stream = Callable[[Any, dict[str, Any]], AsyncIterator[GenerationChunk]]
+class EngineSession(Protocol):
+    """One job's view of the engine (engine/engine_session.py): each call is one engine request
+    with the job's adapter; cancelling the job aborts it."""
+
+    def stream(
+        self, prompt: Any, sampling: dict[str, Any], *, final_only: bool = False
+    ) -> AsyncIterator[GenerationChunk]:
+        """The request's chunks, live when the job streams; `final_only`: the last chunk only
+        whatever the job does (Whisper's sampled retries: nothing of them is sent live)."""
+        ...
+
+    async def generate(self, prompt: Any, sampling: dict[str, Any]) -> GenerationChunk:
+        """A request that prepares the job's output (Whisper's language detection): its last
+        chunk; not counted as the job's first token."""
+        ...
+
+
+class Job(Protocol):
+    """One batch row: the adapter it asked for, and how it runs."""
+
+    adapter: Adapter | None
+
+    def run(self, engine: EngineSession) -> AsyncIterator[GenerationChunk]:
+        """The row's chunks; the last one has finish_reason set."""
+        ...
+
+
+@dataclass
+class RequestPlan:
+    """All jobs of one Triton request and how to answer it."""
+
+    jobs: list[Job]
+    stream: bool
+
+
+@dataclass
+class SentTokens:
+    """How many generated tokens earlier streamed responses of a job carried."""
+
+    count: int = 0

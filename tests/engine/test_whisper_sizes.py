@@ -110,7 +110,7 @@ class Served:
         self, rows: list[Row], audios: dict[str, np.ndarray], sampling: dict = GREEDY
     ) -> list[tuple]:
         """All rows submitted at once (one mixed batch): (token ids, their log-probabilities,
-        language, the job's context) per row."""
+        language, the job) per row."""
         jobs = []
         for row in rows:
             inputs = {"audio": audios[row.audio], **row.inputs}
@@ -122,9 +122,10 @@ class Served:
 
         async def last_chunk(job):
             last = None
-            async for chunk in self.host.generate(job, stream=False):
-                last = chunk
-            return last.token_ids, last.logprobs, job.context["language"], job.context
+            async with self.host.session(job.adapter, stream=False) as engine:
+                async for chunk in job.run(engine):
+                    last = chunk
+            return last.token_ids, last.logprobs, job.language, job
 
         futures = [self.host.submit(last_chunk(job)) for job in jobs]
         return [future.result(timeout=600) for future in futures]
@@ -277,7 +278,7 @@ def v3_shape(demo_models, tmp_path_factory, tiny_en):
 
 
 def test_v3_shape_every_mode_and_adapter_kind_in_a_mixed_batch(v3_shape):
-    assert len(v3_shape.tokenizer) == 51_866 and v3_shape.task.languages["yue"] == 50_358
+    assert len(v3_shape.tokenizer) == 51_866 and v3_shape.task.model.languages["yue"] == 50_358
     audios = {f"audio{seed}": synthetic_audio(seed) for seed in (1, 2, 3)}
     modes = [
         {"language": "cantonese"},  # openai-whisper's name for yue
@@ -297,7 +298,7 @@ def test_v3_shape_every_mode_and_adapter_kind_in_a_mixed_batch(v3_shape):
 
 def test_v3_shape_accepts_cantonese_by_name(v3_shape):
     [job] = v3_shape.task.build_plan(request(audio=synthetic_audio(1), language="Cantonese")).jobs
-    assert job.context["language"] == "yue" and job.context["task_ids"][1] == 50_358
+    assert job.language == "yue" and job.prompts.task_ids[1] == 50_358
 
 
 # openai-whisper's transcribe() options our word rows match: one temperature (no fallback), no
@@ -338,11 +339,11 @@ def test_v3_shape_word_timestamps_equal_openai_whisper(v3_shape, request, tmp_pa
         [(checkpoints[row.adapter], audios[row.audio], options) for row in rows]
     )
     problems, worst, counted, cleared = [], 0.0, 0, 0
-    for row, (*_, context), reference in zip(rows, results, references, strict=True):
+    for row, (*_, job), reference in zip(rows, results, references, strict=True):
         first = [s for s in reference["segments"] if s["seek"] == 0]
         cleared += sum(not s["text"] for s in first)
         theirs = [s for s in first if s["text"]]  # openai-whisper blanks the cleared ones
-        ours = context["segments"][: len(theirs)]
+        ours = job.segments[: len(theirs)]
         pairs = list(zip(ours, theirs, strict=False))
         words = [(a, b) for x, y in pairs for a, b in zip(x["words"], y["words"], strict=False)]
         if [s["text"] for s in ours] != [s["text"].strip() for s in theirs] or [

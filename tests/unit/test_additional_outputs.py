@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lora_serving.jobs import GenerationChunk
+from lora_serving.jobs import GenerationChunk, SentTokens
 from lora_serving.request_inputs import RawRequest
 from lora_serving.tasks import additional_outputs
 
@@ -51,16 +51,18 @@ def test_requested_reads_the_return_inputs_of_every_row():
 
 def test_nothing_asked_nothing_sent():
     assert (
-        additional_outputs.render(frozenset(), chunk(2), stream=True, state={}, logprobs_asked=True)
+        additional_outputs.render(
+            frozenset(), chunk(2), stream=True, sent=SentTokens(), logprobs_asked=True
+        )
         == {}
     )
 
 
 def test_streamed_responses_carry_what_is_new_since_the_previous_one():
-    state: dict = {}
-    first = additional_outputs.render(ALL, chunk(1), stream=True, state=state, logprobs_asked=True)
+    sent = SentTokens()
+    first = additional_outputs.render(ALL, chunk(1), stream=True, sent=sent, logprobs_asked=True)
     last = additional_outputs.render(
-        ALL, chunk(3, "length"), stream=True, state=state, logprobs_asked=True
+        ALL, chunk(3, "length"), stream=True, sent=sent, logprobs_asked=True
     )
     assert first["finish_reason"] == "None" and last["finish_reason"] == "length"
     assert (first["num_output_tokens"], last["num_output_tokens"]) == (1, 2)
@@ -77,18 +79,20 @@ def test_streamed_responses_carry_what_is_new_since_the_previous_one():
 
 def test_a_final_only_response_carries_everything():
     values = additional_outputs.render(
-        ALL, chunk(3, "stop"), stream=False, state={}, logprobs_asked=True
+        ALL, chunk(3, "stop"), stream=False, sent=SentTokens(), logprobs_asked=True
     )
     assert values["num_output_tokens"] == 3 and len(json.loads(values["logprobs"])) == 3
 
 
 def test_logprobs_null_when_the_request_did_not_set_them():
     values = additional_outputs.render(
-        ALL, chunk(2, "stop"), stream=False, state={}, logprobs_asked=False
+        ALL, chunk(2, "stop"), stream=False, sent=SentTokens(), logprobs_asked=False
     )
     assert values["logprobs"] == "null"
     unknown = GenerationChunk("", "", [1], [], 3, "stop")
-    values = additional_outputs.render(ALL, unknown, stream=False, state={}, logprobs_asked=False)
+    values = additional_outputs.render(
+        ALL, unknown, stream=False, sent=SentTokens(), logprobs_asked=False
+    )
     assert math.isnan(values["cumulative_logprob"])
 
 

@@ -60,3 +60,42 @@ def test_model_py_files_stay_thin(repository):
     for model in models:
         model_py = served_model_py(root, model)
         assert len(model_py.read_text().splitlines()) < 60, model_py
+
+
+def folder_of(path: Path) -> str:
+    return path.relative_to(SRC).parts[0]
+
+
+@pytest.mark.parametrize(
+    "path", sorted((SRC / "tasks").rglob("*.py")), ids=lambda p: str(p.relative_to(SRC))
+)
+def test_tasks_drive_the_engine_through_the_session_protocol_only(path):
+    """A request's path reads forward: the tasks build jobs that drive jobs.EngineSession; they
+    never reach into the engine host, Triton's glue or the adapter fleet (AdapterResolver is
+    what they use of the adapters)."""
+    reached = {
+        name
+        for name in imported_modules(path)
+        if name.startswith(
+            ("lora_serving.engine", "lora_serving.triton", "lora_serving.adapters.fleet")
+        )
+    }
+    assert not reached, f"{path} imports {sorted(reached)}"
+
+
+@pytest.mark.parametrize(
+    "path", sorted((SRC / "engine").rglob("*.py")), ids=lambda p: str(p.relative_to(SRC))
+)
+def test_the_engine_never_calls_back_into_a_task(path):
+    tasks = {name for name in imported_modules(path) if name.startswith("lora_serving.tasks")}
+    assert not tasks, f"{path} imports {sorted(tasks)}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in sorted(SRC.rglob("*.py")) if folder_of(p) not in NOT_RUNTIME],
+    ids=lambda p: str(p.relative_to(SRC)),
+)
+def test_no_runtime_file_over_400_lines(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= 400, f"{path} has {lines} lines: split it by concern"

@@ -19,6 +19,7 @@ from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
 from lora_serving.tasks.transcription import TranscriptionTask
 from lora_serving.tasks.whisper_logits import EXTRA_ARG
+from tests.unit.engine_stand_in import StandInEngine, run_job
 
 SOT, SOT_PREV, EN, DE, TRANSCRIBE, NO_TS, TS = 50258, 50361, 50259, 50261, 50359, 50363, 50364
 EOT = 50257
@@ -72,13 +73,13 @@ def decoder_ids(task, job) -> list[int]:
 
 def job_request(task, job, seconds=1.0):
     """The engine request the task makes for a window of the row's audio."""
-    return task.request_for(job, job.context["samples"][: int(seconds * 16000)])
+    return task.request_for(job, job.samples[: int(seconds * 16000)])
 
 
 def test_prompt_follows_whisper_with_language_given(task):
     job = task.build_plan(request(audio=tone(2), language="EN")).jobs[0]
     assert decoder_ids(task, job) == [SOT, EN, TRANSCRIBE, NO_TS]
-    assert job.prepare is None and job.context["language"] == "en"
+    assert job.language == "en" and job.prompts is not None  # no detection
     prompt, sampling = job_request(task, job)
     assert prompt["encoder_prompt"]["multi_modal_data"]["audio"][1] == 16000
     rules = sampling.pop("extra_args")[EXTRA_ARG]
@@ -116,7 +117,7 @@ def test_previous_text_keeps_its_last_half_context_and_max_tokens_fits_the_rest(
     from lora_serving.vllm_plugin import whisper_decoder_prompt
 
     monkeypatch.setattr(whisper_decoder_prompt, "applied", lambda: prompt_kept)
-    monkeypatch.setattr(task, "_decoder_prompt_kept", None)  # asked again
+    monkeypatch.setattr(task.model, "_decoder_prompt_kept", None)  # asked again
     prompt = " ".join(["word"] * 400)
     sampling = json.dumps({"max_tokens": 400})
     job = task.build_plan(
@@ -135,14 +136,14 @@ def test_previous_text_keeps_its_last_half_context_and_max_tokens_fits_the_rest(
 )
 def test_every_whisper_language_is_requested_by_code_or_name(task, language, code, token):
     job = task.build_plan(request(audio=tone(2), language=language)).jobs[0]
-    assert job.context["language"] == code
+    assert job.language == code
     assert decoder_ids(task, job) == [SOT, token, TRANSCRIBE, NO_TS]
 
 
 def test_language_absent_or_blank_is_detected_from_the_first_30_s(task):
     for raw in (request(audio=tone(2)), request(audio=tone(2), language=" ")):
         job = task.build_plan(raw).jobs[0]
-        assert job.prepare is not None and "decoder_ids" not in job.context
+        assert job.language is None and job.prompts is None  # detected when it runs
 
     job = task.build_plan(request(audio=tone(70))).jobs[0]
     seen = []
@@ -151,14 +152,14 @@ def test_language_absent_or_blank_is_detected_from_the_first_30_s(task):
         seen.append((prompt, sampling))
         return GenerationChunk("", "", [DE], [], 1, "length")
 
-    asyncio.run(job.prepare(job, generate))
+    asyncio.run(job.detect_language(StandInEngine(generate=generate)))
     ((prompt, sampling),) = seen
     assert prompt["decoder_prompt"]["prompt_token_ids"] == [SOT]
     assert len(prompt["encoder_prompt"]["multi_modal_data"]["audio"][0]) == 30 * 16000
     assert sampling["max_tokens"] == 1 and EN in sampling["allowed_token_ids"]
     # Every language token the model has (openai-whisper's detect_language), not only ISO 639-1.
     assert sorted(sampling["allowed_token_ids"]) == list(range(EN, EN + 99))
-    assert job.context["language"] == "de"
+    assert job.language == "de"
     assert decoder_ids(task, job) == [SOT, DE, TRANSCRIBE, NO_TS]
 
 
@@ -173,8 +174,8 @@ def test_padded_rows_are_cut_to_their_audio_length(task):
         }
     )
     jobs = task.build_plan(raw).jobs
-    assert [len(job.context["samples"]) for job in jobs] == [16000, 32000]
-    assert [job.context["language"] for job in jobs] == ["en", "de"]
+    assert [len(job.samples) for job in jobs] == [16000, 32000]
+    assert [job.language for job in jobs] == ["en", "de"]
 
 
 def wav(samples, rate=22050) -> bytes:
@@ -216,7 +217,7 @@ def test_bad_rows_are_named(task, inputs, message):
 
 
 def test_payload_over_the_limit_is_refused(task, monkeypatch):
-    monkeypatch.setattr(task, "max_payload_bytes", 1000)
+    monkeypatch.setattr(task.requests, "max_payload_bytes", 1000)
     with pytest.raises(InvalidRequest, match="'audio' holds 64000 bytes; at most 1000"):
         task.build_plan(request(audio=tone(1)))
 
@@ -224,7 +225,7 @@ def test_payload_over_the_limit_is_refused(task, monkeypatch):
 def window_start(job, prompt) -> float:
     """Where the window an engine request is for starts in the row's audio (seconds)."""
     window = prompt["encoder_prompt"]["multi_modal_data"]["audio"][0]
-    row = job.context["samples"]
+    row = job.samples
     assert np.shares_memory(window, row)  # windows are views of the row's samples
     return (window.ctypes.data - row.ctypes.data) / row.itemsize / 16000
 
@@ -248,10 +249,9 @@ def fake_stream(job, outputs: dict[int, list[str]], delays: dict[int, float]):
 
 
 def run_decode(job, stream) -> list[GenerationChunk]:
-    async def collect():
-        return [chunk async for chunk in job.decode(job, stream)]
-
-    return asyncio.run(collect())
+    """The job's chunks; the stand-in engine answers its window requests (its language is
+    known: no preparing request)."""
+    return run_job(job, stream)
 
 
 @pytest.mark.parametrize(
@@ -466,7 +466,7 @@ def test_english_only_prompt_has_no_language_or_task_tokens(english_task, langua
     is known without detection (no preparing request)."""
     inputs = {"audio": tone(2)} | ({"language": language} if language else {})
     job = english_task.build_plan(request(**inputs)).jobs[0]
-    assert job.prepare is None and job.context["language"] == "en"
+    assert job.language == "en" and job.prompts is not None  # no detection
     assert decoder_ids(english_task, job) == [EN_SOT, EN_NO_TS]
     job = english_task.build_plan(request(audio=tone(2), prompt="Hello", timestamps=True)).jobs[0]
     prompt = decoder_ids(english_task, job)

@@ -125,12 +125,8 @@ def test_vllm_backend_request_shape(tokenizer, catalog):
     job = only_job(task, raw)
     assert job.adapter.name == "beta" and job.sampling["max_tokens"] == 5
     assert job.prompt["multi_modal_data"]["image"][0].size == (40, 30)
-    assert job.context == {
-        "prompt_text": job.prompt["prompt"],
-        "exclude_input": False,
-        "outputs": frozenset(),
-        "logprobs_asked": False,
-    }
+    assert (job.prompt_text, job.exclude_input) == (job.prompt["prompt"], False)
+    assert (job.outputs, job.logprobs_asked) == (frozenset(), False)
 
 
 def test_vllm_backend_ci_shape_string_values_and_parameters(tokenizer, catalog):
@@ -150,8 +146,8 @@ def test_vllm_backend_ci_shape_string_values_and_parameters(tokenizer, catalog):
         ),
     )
     assert job.sampling == {"temperature": 0, "top_p": 1, "logprobs": 2, "max_tokens": 128}
-    assert job.context["outputs"] == {"finish_reason", "logprobs"}
-    assert job.context["logprobs_asked"] is True
+    assert job.outputs == {"finish_reason", "logprobs"}
+    assert job.logprobs_asked is True
     job = only_job(task, request({**given, "lora_name": "alpha", "max_tokens": 3}, text_input="x"))
     assert job.adapter.name == "alpha"
     assert job.sampling == {"temperature": 0, "top_p": 1, "max_tokens": 3}
@@ -160,7 +156,7 @@ def test_vllm_backend_ci_shape_string_values_and_parameters(tokenizer, catalog):
 def test_cumulative_logprob_turns_vllm_logprobs_on(tokenizer, catalog):
     task = make_task(tokenizer, catalog)
     job = only_job(task, request(text_input="x", return_cumulative_logprob=True))
-    assert job.sampling["logprobs"] == 0 and job.context["logprobs_asked"] is False
+    assert job.sampling["logprobs"] == 0 and job.logprobs_asked is False
 
 
 def test_structured_outputs_reach_the_job(tokenizer, catalog):

@@ -5,7 +5,6 @@ A fake engine stream stands in for vLLM only where the task's own flow is tested
 engine hears, where the segment times land).
 """
 
-import asyncio
 import json
 
 import numpy as np
@@ -17,6 +16,7 @@ from lora_serving.sampling import parse_sampling_parameters
 from lora_serving.tasks import whisper_options
 from lora_serving.tasks.whisper_vad import SpeechDetector, SpeechMap, VadOptions, speech_windows
 from tests.conftest import load_16k
+from tests.unit.engine_stand_in import run_job
 from tests.unit.test_transcription import EN, TRANSCRIBE, TS, request
 
 RATE = 16000
@@ -195,12 +195,7 @@ def task(demo_models, tmp_path_factory):
 
 
 def run(job, stream, generate=None) -> list[GenerationChunk]:
-    async def go():
-        if job.prepare is not None:
-            await job.prepare(job, generate)
-        return [chunk async for chunk in job.decode(job, stream)]
-
-    return asyncio.run(go())
+    return run_job(job, stream, generate)
 
 
 # One temperature, no no-speech probe: the stand-in engine answers decoding requests only.
@@ -217,7 +212,7 @@ def test_timestamps_of_the_joined_speech_land_on_the_original_voices(task, speec
 
     def joined_ts(chunk: int, original_s: float) -> int:
         """The timestamp token at an original time inside kept chunk `chunk`."""
-        kept = job.context["speech_chunks"]
+        kept = job.speech.chunks
         before = sum(end - start for start, end in kept[:chunk]) / RATE
         return TS + round((before + original_s - kept[chunk][0] / RATE) / 0.02)
 
@@ -230,7 +225,7 @@ def test_timestamps_of_the_joined_speech_land_on_the_original_voices(task, speec
         yield GenerationChunk("", "", tokens, [], 3, "stop")
 
     chunks = run(job, stream)
-    kept_s = sum(end - start for start, end in job.context["speech_chunks"]) / RATE
+    kept_s = sum(end - start for start, end in job.speech.chunks) / RATE
     assert heard == [pytest.approx(kept_s)] and kept_s < 12  # 20 s of silence not heard
     assert decoder_prompt_ok(job)
     segments = json.loads(task.render(job, chunks[-1], stream=False)["segments"])
@@ -241,7 +236,7 @@ def test_timestamps_of_the_joined_speech_land_on_the_original_voices(task, speec
 
 
 def decoder_prompt_ok(job) -> bool:
-    return job.context["task_ids"][1:3] == [EN, TRANSCRIBE]
+    return job.prompts.task_ids[1:3] == [EN, TRANSCRIBE]
 
 
 def test_plain_text_hears_speech_windows_and_no_speech_needs_no_engine(task, speech_and_silence):
@@ -259,9 +254,9 @@ def test_plain_text_hears_speech_windows_and_no_speech_needs_no_engine(task, spe
         yield GenerationChunk(" Words.", "", [1], [], 3, "stop")
 
     chunks = run(job, stream, generate)
-    kept = job.context["speech_chunks"]
+    kept = job.speech.chunks
     assert len(kept) == 2 and heard == [pytest.approx(sum(e - s for s, e in kept) / RATE)]
-    assert detected_on == heard and job.context["language"] == "en"
+    assert detected_on == heard and job.language == "en"
     assert chunks[-1].text == "Words."
 
     silent = request(audio=np.zeros(5 * RATE, np.float32), sampling_parameters=VAD_ON)

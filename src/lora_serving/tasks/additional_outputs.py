@@ -21,12 +21,11 @@ import json
 import math
 from typing import Any
 
-from lora_serving.jobs import GenerationChunk
+from lora_serving.jobs import GenerationChunk, SentTokens
 from lora_serving.request_inputs import RawRequest
 
 NAMES = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens", "num_output_tokens")
 INPUTS = tuple(f"return_{name}" for name in NAMES)
-_SENT_TOKENS = "additional_outputs.sent_tokens"
 
 
 def requested(raw: RawRequest, rows: range) -> frozenset[str]:
@@ -50,17 +49,17 @@ def render(
     chunk: GenerationChunk,
     *,
     stream: bool,
-    state: dict[str, Any],
+    sent: SentTokens,
     logprobs_asked: bool,
 ) -> dict[str, Any]:
-    """Output name -> value for one response. `state` (the job's context) remembers how many
-    tokens earlier responses carried, so streamed counts and logprobs are per response."""
+    """Output name -> value for one response. `sent` (the job's) remembers how many tokens
+    earlier responses carried, so streamed counts and logprobs are per response."""
     if not wanted:
         return {}
-    sent = state.get(_SENT_TOKENS, 0) if stream else 0
+    already = sent.count if stream else 0
     total = chunk.num_output_tokens
     if stream:
-        state[_SENT_TOKENS] = total
+        sent.count = total
     values: dict[str, Any] = {}
     if "finish_reason" in wanted:
         values["finish_reason"] = str(chunk.finish_reason)
@@ -69,12 +68,12 @@ def render(
         values["cumulative_logprob"] = math.nan if cumulative is None else cumulative
     if "logprobs" in wanted:
         values["logprobs"] = logprobs_json(
-            chunk.top_logprobs[sent:total] if logprobs_asked and chunk.top_logprobs else None
+            chunk.top_logprobs[already:total] if logprobs_asked and chunk.top_logprobs else None
         )
     if "num_input_tokens" in wanted:
         values["num_input_tokens"] = chunk.num_prompt_tokens
     if "num_output_tokens" in wanted:
-        values["num_output_tokens"] = total - sent
+        values["num_output_tokens"] = total - already
     return values
 
 

@@ -3,9 +3,10 @@
 import json
 from typing import Any, Protocol
 
-from lora_serving.adapters.catalog import Adapter, AdapterCatalog, pick_adapter_name
+from lora_serving.adapter_access import AdapterResolver
+from lora_serving.adapters.catalog import Adapter, pick_adapter_name
 from lora_serving.errors import InvalidRequest
-from lora_serving.jobs import GenerationChunk, GenerationJob, RequestPlan
+from lora_serving.jobs import GenerationChunk, Job, RequestPlan
 from lora_serving.request_inputs import RawRequest
 from lora_serving.sampling import Field, parse_sampling_parameters
 from lora_serving.settings import EngineSettings
@@ -16,9 +17,11 @@ class Task(Protocol):
 
     output_names: tuple[str, ...]
 
-    def build_plan(self, raw: RawRequest) -> RequestPlan: ...
+    def build_plan(self, raw: RawRequest) -> RequestPlan:
+        """One job per batch row; runs in a planner thread (it decodes the media)."""
+        ...
 
-    def render(self, job: GenerationJob, chunk: GenerationChunk, *, stream: bool) -> dict[str, Any]:
+    def render(self, job: Job, chunk: GenerationChunk, *, stream: bool) -> dict[str, Any]:
         """Output name -> value (str or int) for one job's chunk."""
         ...
 
@@ -29,7 +32,7 @@ class RowReader:
     def __init__(
         self,
         settings: EngineSettings,
-        catalog: AdapterCatalog,
+        adapters: AdapterResolver,
         *,
         max_tokens_limit: int,
         sampling_defaults: dict[str, Any],
@@ -37,7 +40,7 @@ class RowReader:
         sampling_from_parameters: bool = False,
     ):
         self.settings = settings
-        self.catalog = catalog
+        self.adapters = adapters
         self.max_tokens_limit = max_tokens_limit
         self.sampling_defaults = sampling_defaults
         self.task_fields = task_fields
@@ -73,7 +76,7 @@ class RowReader:
             ("input lora_name", raw.string("lora_name", row)),
             ("sampling_parameters.lora_name", json_adapter),
         )
-        return sampling, self.catalog.resolve(name)
+        return sampling, self.adapters.resolve(name)
 
     def _sampling_text(self, raw: RawRequest, row: int) -> str | None:
         text = raw.string("sampling_parameters", row)

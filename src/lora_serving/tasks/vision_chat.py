@@ -1,4 +1,4 @@
-"""Qwen-VL chat: prompt + images and/or one video -> chat-templated prompt + media job.
+"""Qwen-VL chat: prompt + images and/or one video -> one VisionChatJob (chat prompt + media).
 
 Inputs and outputs are Triton vllm_backend's (`text_input`, `image`, `sampling_parameters` with
 every generation field of sampling.py incl. `structured_outputs`, `exclude_input_in_output`, the
@@ -9,14 +9,16 @@ model's own processor (inside vLLM) resizes them within the configured pixel lim
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lora_serving import vision
-from lora_serving.adapters.catalog import AdapterCatalog
+from lora_serving.adapter_access import AdapterResolver
+from lora_serving.adapters.catalog import Adapter
 from lora_serving.errors import ConfigError, InvalidRequest
-from lora_serving.jobs import GenerationChunk, GenerationJob, RequestPlan
+from lora_serving.jobs import EngineSession, GenerationChunk, RequestPlan, SentTokens
 from lora_serving.request_inputs import RawRequest
 from lora_serving.sampling import GENERATION_FIELDS
 from lora_serving.settings import EngineSettings
@@ -58,6 +60,23 @@ class VisionOptions:
         return cls(**raw)
 
 
+@dataclass
+class VisionChatJob:
+    """One batch row: a chat prompt with its media, one engine request."""
+
+    prompt: dict[str, Any]  # vLLM's prompt: {"prompt": text, "multi_modal_data": {...}}
+    sampling: dict[str, Any]  # SamplingParams keyword arguments
+    adapter: Adapter | None
+    prompt_text: str  # the chat-templated text (sent back first unless exclude_input)
+    exclude_input: bool
+    outputs: frozenset[str]  # additional outputs asked for
+    logprobs_asked: bool
+    sent: SentTokens = field(default_factory=SentTokens)
+
+    def run(self, engine: EngineSession) -> AsyncIterator[GenerationChunk]:
+        return engine.stream(self.prompt, self.sampling)
+
+
 def item_limit(settings: EngineSettings, modality: str) -> int:
     """limit_mm_per_prompt's count for a modality (an int or vLLM's {"count": n, ...} form)."""
     limit = (settings.engine_args.get("limit_mm_per_prompt") or {}).get(modality)
@@ -69,12 +88,12 @@ def item_limit(settings: EngineSettings, modality: str) -> int:
 class VisionChatTask:
     output_names = ("text_output", *additional_outputs.NAMES)
 
-    def __init__(self, settings: EngineSettings, catalog: AdapterCatalog, tokenizer):
+    def __init__(self, settings: EngineSettings, adapters: AdapterResolver, tokenizer):
         self.tokenizer = tokenizer
         max_len = int(settings.engine_args.get("max_model_len") or 4096)
         self.reader = RowReader(
             settings,
-            catalog,
+            adapters,
             max_tokens_limit=settings.serving.max_tokens_limit or max_len,
             sampling_defaults={
                 "temperature": 0.0,
@@ -121,7 +140,7 @@ class VisionChatTask:
         wanted = additional_outputs.requested(raw, self.reader.rows(raw))
         return self.reader.plan(raw, lambda raw, row: self._job(raw, row, wanted))
 
-    def _job(self, raw: RawRequest, row: int, wanted: frozenset[str]) -> GenerationJob:
+    def _job(self, raw: RawRequest, row: int, wanted: frozenset[str]) -> VisionChatJob:
         text = raw.string("text_input", row, default="") or ""
         images = self._images(raw, row)
         video = self._video(raw, row)
@@ -150,16 +169,14 @@ class VisionChatTask:
         prompt: dict[str, Any] = {"prompt": prompt_text}
         if media:
             prompt["multi_modal_data"] = media
-        return GenerationJob(
+        return VisionChatJob(
             prompt=prompt,
             sampling=additional_outputs.with_logprobs_for(wanted, sampling),
             adapter=adapter,
-            context={
-                "prompt_text": prompt_text,
-                "exclude_input": exclude_input,
-                "outputs": wanted,
-                "logprobs_asked": sampling.get("logprobs") is not None,
-            },
+            prompt_text=prompt_text,
+            exclude_input=exclude_input,
+            outputs=wanted,
+            logprobs_asked=sampling.get("logprobs") is not None,
         )
 
     @staticmethod
@@ -235,21 +252,21 @@ class VisionChatTask:
         )
 
     # ---- chunks -> outputs -------------------------------------------------------------------
-    def render(self, job: GenerationJob, chunk: GenerationChunk, *, stream: bool) -> dict[str, Any]:
+    def render(self, job: VisionChatJob, chunk: GenerationChunk, *, stream: bool) -> dict[str, Any]:
         if stream:
             text = chunk.delta
-        elif job.context["exclude_input"]:
+        elif job.exclude_input:
             text = chunk.text
         else:  # vllm_backend's default: the prompt, then the completion
-            text = job.context["prompt_text"] + chunk.text
+            text = job.prompt_text + chunk.text
         return {
             "text_output": text,
             **additional_outputs.render(
-                job.context["outputs"],
+                job.outputs,
                 chunk,
                 stream=stream,
-                state=job.context,
-                logprobs_asked=job.context["logprobs_asked"],
+                sent=job.sent,
+                logprobs_asked=job.logprobs_asked,
             ),
         }
 

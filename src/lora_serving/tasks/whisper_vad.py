@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from lora_serving.audio import WHISPER_SAMPLE_RATE, WINDOW_SECONDS, AudioWindow, split_windows
-from lora_serving.jobs import GenerationChunk, GenerationJob
+from lora_serving.jobs import GenerationChunk
 from lora_serving.sampling import Field
 
 DEFAULTS = {"vad_filter": False, "vad_parameters": {}}
@@ -202,47 +202,34 @@ def _joined(pieces: list[AudioWindow]) -> AudioWindow:
     return AudioWindow(pieces[0].offset_s, np.concatenate([piece.samples for piece in pieces]))
 
 
-def filter_job(job: GenerationJob, detector: SpeechDetector, parameters: dict[str, Any]) -> None:
-    """Make a Whisper job hear only the speech of its recording (context: samples, timestamps,
-    segments; see the module docstring).
+@dataclass
+class Speech:
+    """What detection found in a row's recording."""
 
-    Detection runs first in the job's preparation, in a worker thread (it takes ~0.2 s per
-    minute of audio, too long for the engine loop); the job's own preparation (language
-    detection) then hears the speech only. Plain transcripts take their windows from
-    context["speech_windows"]."""
-    options = VadOptions.from_dict(parameters)
-    prepare, decode = job.prepare, job.decode
-    context = job.context
-    context["speech_windows"] = None
-
-    async def detect_then_prepare(job: GenerationJob, generate) -> None:
-        samples = context["samples"]
-        chunks = await asyncio.to_thread(detector.speech_chunks, samples, options)
-        context["speech_chunks"] = chunks
-        if not chunks:
-            return
-        context["samples"] = gather(samples, chunks)
-        if not context["timestamps"]:
-            context["speech_windows"] = speech_windows(samples, chunks)
-        if prepare is not None:
-            await prepare(job, generate)
-
-    def decode_speech(job: GenerationJob, stream) -> AsyncIterator[GenerationChunk]:
-        chunks = context["speech_chunks"]
-        if not chunks:
-            return _no_speech()
-        if not context["timestamps"]:
-            return decode(job, stream)
-        return _restoring(decode(job, stream), SpeechMap(chunks), context["segments"])
-
-    job.prepare, job.decode = detect_then_prepare, decode_speech
+    chunks: list[Chunk]  # kept stretches of the original recording; [] means no speech
+    samples: np.ndarray  # the kept chunks joined (what Whisper hears)
+    windows: list[AudioWindow] | None  # plain transcripts: the chunks packed into windows
 
 
-async def _no_speech() -> AsyncIterator[GenerationChunk]:
+async def find_speech(
+    detector: SpeechDetector, samples: np.ndarray, options: VadOptions, *, timestamps: bool
+) -> Speech:
+    """Run detection in a worker thread (it takes ~0.2 s per minute of audio, too long for the
+    engine loop). With timestamps the joined speech is decoded window after window as usual;
+    without, its windows are packed from the chunks (see the module docstring)."""
+    chunks = await asyncio.to_thread(detector.speech_chunks, samples, options)
+    if not chunks:
+        return Speech([], samples[:0], None)
+    windows = None if timestamps else speech_windows(samples, chunks)
+    return Speech(chunks, gather(samples, chunks), windows)
+
+
+async def no_speech() -> AsyncIterator[GenerationChunk]:
+    """A row without speech: an empty transcript, no engine request at all."""
     yield GenerationChunk("", "", [], [], 0, finish_reason="stop")
 
 
-async def _restoring(
+async def restoring(
     chunks: AsyncIterator[GenerationChunk], speech: SpeechMap, segments: list[dict]
 ) -> AsyncIterator[GenerationChunk]:
     """The row's chunks unchanged; before the last one, its segments move to original times."""

@@ -2,7 +2,9 @@
 
 Request flow: execute -> submit_all: each request's tensors are read at once (a bad one is answered
 with its error and the others go on); on the engine loop its plan is built in a planner thread
-(media decoding takes seconds for a long file) and its jobs run; every response goes out
+(media decoding takes seconds for a long file: `task.build_plan`, one job per batch row) and its
+jobs run, each driving the engine through a session (`engine.session`, then `job.run(engine)`);
+`task.render` turns chunks into output rows; every response goes out
 through the request's RequestChannel, which gets exactly one FINAL and is never touched after it
 (triton/response_sender.py says why). A request carrying the `adapter_command` input is an
 operator's command to the adapter fleet (adapters.control), answered in text_output as JSON.
@@ -28,7 +30,7 @@ from lora_serving.adapters.fleet import AdapterFleet
 from lora_serving.engine import lora_slots, recovery
 from lora_serving.engine.engine_host import EngineHost
 from lora_serving.errors import ConfigError, EngineUnavailable, InvalidRequest, ServingError
-from lora_serving.jobs import GenerationJob, RequestPlan
+from lora_serving.jobs import Job, RequestPlan
 from lora_serving.metrics import UNKNOWN_LABEL, RequestRefused
 from lora_serving.request_inputs import RawRequest
 from lora_serving.settings import EngineSettings
@@ -228,23 +230,26 @@ class ModelHost:
             self._log_unexpected(group.exceptions[0])
             channel.send(error_response(group.exceptions[0]), final=True)
 
-    async def _final_chunk(self, job: GenerationJob, channel, timeout_s: float | None):
+    async def _final_chunk(self, job: Job, channel, timeout_s: float | None):
         last = None
-        async for chunk in self.engine.generate(
-            job, stream=False, is_cancelled=channel.is_cancelled, timeout_s=timeout_s
-        ):
+        async for chunk in self._run(job, channel, timeout_s, stream=False):
             last = chunk
         return last
 
-    async def _stream(self, job: GenerationJob, channel, timeout_s: float | None) -> None:
-        chunks = self.engine.generate(
-            job, stream=True, is_cancelled=channel.is_cancelled, timeout_s=timeout_s
-        )
-        async for chunk in chunks:
+    async def _stream(self, job: Job, channel, timeout_s: float | None) -> None:
+        async for chunk in self._run(job, channel, timeout_s, stream=True):
             if chunk.finished or chunk.delta:
                 row = self.task.render(job, chunk, stream=True)
                 response = tensors.to_response([row], self.output_dtypes)
                 channel.send(response, final=chunk.finished)
+
+    async def _run(self, job: Job, channel, timeout_s: float | None, *, stream: bool):
+        """The job drives the engine: its own `run` makes the engine requests it needs."""
+        async with self.engine.session(
+            job.adapter, stream=stream, is_cancelled=channel.is_cancelled, timeout_s=timeout_s
+        ) as engine:
+            async for chunk in job.run(engine):
+                yield chunk
 
     def _log_unexpected(self, err: BaseException) -> None:
         trace = "".join(traceback.format_exception(err))

@@ -108,16 +108,18 @@ class InProcessEngine:
 
     def prepare(self, data: dict) -> list[PreparedRequest]:
         """Each input-data entry -> the engine request our Triton model would send for it."""
+        from lora_serving.tasks.whisper_job import TranscriptionJob
+
         prepared = []
         for entry in data["data"]:
             plan = self.task.build_plan(raw_request(entry))
             if len(plan.jobs) != 1:
                 raise ValueError("bench entries carry one batch row each")
             job = plan.jobs[0]
-            if job.prepare is not None:
-                raise ValueError("bench entries must not need a preparation step (give language)")
-            if job.prompt is None:  # whisper: one engine request per 30 s window
-                samples = job.context["samples"]
+            if isinstance(job, TranscriptionJob):  # whisper: one engine request per 30 s window
+                if job.prompts is None:
+                    raise ValueError("bench entries must not need language detection (give one)")
+                samples = job.samples
                 if samples.size > 30 * 16_000:
                     raise ValueError("bench clips must fit one 30 s window")
                 prompt, sampling = self.task.request_for(job, samples)
