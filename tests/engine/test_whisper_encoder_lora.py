@@ -27,7 +27,7 @@ import torch
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 
-from lora_serving.reference.whisper import greedy_without_rules
+from tests.reference.whisper import greedy_without_rules
 
 pytestmark = pytest.mark.engine
 

@@ -31,6 +31,7 @@ from lora_serving.engine.lora_slots import (
 from lora_serving.errors import EngineUnavailable, RequestCancelled, ServingError, UnknownAdapter
 from lora_serving.jobs import FINAL_ONLY, GenerationChunk, GenerationJob
 from lora_serving.metrics import (
+    BASE_LABEL,
     CANCELLED,
     ERROR,
     REFUSED,
@@ -39,7 +40,6 @@ from lora_serving.metrics import (
     EncoderWork,
     JobMeter,
     MetricsSink,
-    adapter_label,
 )
 from lora_serving.settings import EngineSettings
 from lora_serving.vllm_plugin.whisper_alignment import EXTRA_ARG as ALIGNMENT_EXTRA_ARG
@@ -295,7 +295,7 @@ class EngineHost:
         The job ends with RequestCancelled once `is_cancelled()` says so, and with
         RequestTimedOut after `timeout_s` (at most serving.request_timeout_s): all of its
         engine requests are aborted then."""
-        meter = JobMeter(adapter=adapter_label(job.adapter))
+        meter = JobMeter(adapter=BASE_LABEL if job.adapter is None else job.adapter.name)
         outcome = ERROR
         limit = self.settings.serving.request_timeout_s
         timeout_s = min(timeout_s, limit) if timeout_s else limit
