@@ -30,6 +30,9 @@ args=(
   # files and images do not regrow the region 1 MiB at a time (the defaults).
   "--backend-config=python,shm-default-byte-size=16777216"
   "--backend-config=python,shm-growth-byte-size=16777216"
+  # A `control_token` gRPC header reaches the models as that request parameter: the adapter
+  # control token (serving.adapters.control_token_env) can travel outside the request body.
+  "--grpc-header-forward-pattern=^control_token$"
 )
 
 case "${TRITON_MODEL_CONTROL:-none}" in

@@ -91,7 +91,8 @@ def _print_listing(listing: dict) -> None:
     rows += [
         # without the model's control token the listing has names only
         tuple(
-            str(a.get(key, "-")) for key in ("name", "state", "rank", "version", "source", "path")
+            str(a.get(key, "-")) + (" pinned" if key == "state" and a.get("pinned") else "")
+            for key in ("name", "state", "rank", "version", "source", "path")
         )
         for a in listing["adapters"]
     ]

@@ -167,15 +167,24 @@ def http_generate(
 
 
 def grpc_stream(
-    url: str, model: str, fields: dict, parameters: dict | None = None, *, timeout_s: float = 600
+    url: str,
+    model: str,
+    fields: dict,
+    parameters: dict | None = None,
+    *,
+    timeout_s: float = 600,
+    headers: dict | None = None,
 ):
-    """Yield every response of one request sent on its own gRPC stream. Closing the generator
-    before the final response (e.g. `break`) cancels the request on the server."""
+    """Yield every response of one request sent on its own gRPC stream (`headers`: the stream's
+    metadata). Closing the generator before the final response (e.g. `break`) cancels the
+    request on the server."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
     replies: queue.Queue = queue.Queue()
-    client.start_stream(callback=lambda result, error: replies.put((result, error)))
+    client.start_stream(
+        callback=lambda result, error: replies.put((result, error)), headers=headers
+    )
     ended = False
     try:
         client.async_stream_infer(model, infer_inputs(grpcclient, fields), parameters=parameters)

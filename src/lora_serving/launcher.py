@@ -47,6 +47,9 @@ def server_environment() -> dict[str, str]:
     return env
 
 
+CONTROL_TOKEN_HEADER_PATTERN = "^control_token$"
+
+
 def server_command(
     model_repository: Path, http: int, grpc: int, metrics: int, extra: list[str] = ()
 ) -> list[str]:
@@ -65,6 +68,9 @@ def server_command(
         "--metrics-address=127.0.0.1",
         f"--metrics-port={metrics}",
         "--allow-metrics=true",
+        # A `control_token` gRPC header reaches the model as that request parameter
+        # (adapters.control), so clients can keep the token out of the request body.
+        f"--grpc-header-forward-pattern={CONTROL_TOKEN_HEADER_PATTERN}",
         *extra,
     ]
 

@@ -39,6 +39,8 @@ class AdapterOptions:
     # (request parameter `control_token`); None: no token, as before. Set but empty: no change
     # is accepted. The token itself never goes into model.json.
     control_token_env: str | None = None
+    # Adapters kept in the engine's adapter cache (never evicted by others; adapters.pinning).
+    pinned: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, raw: Any, *, model_dir: Path) -> tuple["AdapterOptions", list[str]]:
@@ -51,7 +53,7 @@ class AdapterOptions:
             for key in sorted(set(raw) - known)
         ]
         values: dict[str, Any] = {}
-        for key in ("roots", "base_model_names"):
+        for key in ("roots", "base_model_names", "pinned"):
             items = raw.get(key, [])
             if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
                 problems.append(f"serving.adapters.{key} must be a list of non-empty strings")
@@ -203,6 +205,10 @@ class EngineSettings:
         if data.get("enable_lora"):
             data.setdefault("max_loras", DEFAULT_MAX_LORAS)
             problems.extend(_lora_limit_problems(data))
+            if not problems:
+                problems.extend(_pinned_problems(adapter_options.pinned, data))
+        elif adapter_options.pinned:
+            problems.append("serving.adapters.pinned needs enable_lora")
         data.setdefault("trust_remote_code", False)  # stays off unless model.json turns it on
         if problems:
             raise ConfigError(source, problems)
@@ -224,6 +230,20 @@ def _lora_limit_problems(data: dict) -> list[str]:
             "keeps every adapter of a batch in its cache"
         )
     return problems
+
+
+def _pinned_problems(pinned: tuple[str, ...], data: dict) -> list[str]:
+    """Pinned adapters must leave a batch's max_loras adapters room in the cache."""
+    max_loras = data["max_loras"]
+    max_cpu_loras = data.get("max_cpu_loras") or max_loras
+    room = max_cpu_loras - max_loras
+    if len(set(pinned)) > room:
+        return [
+            f"serving.adapters.pinned names {len(set(pinned))} adapter(s) but the engine's "
+            f"cache (max_cpu_loras {max_cpu_loras}) can pin at most max_cpu_loras - max_loras "
+            f"= {room}, so a batch's {max_loras} other adapters still fit: raise max_cpu_loras"
+        ]
+    return []
 
 
 def _resolve_model_path(model: str, model_dir: Path) -> str:

@@ -216,6 +216,11 @@ def test_list_shows_rank_modules_source_and_state_over_grpc_and_http(grpc_url, h
         "qwen2-vl-adapters/alpha"
     )
     assert listing["limits"] == {"max_loras": 4, "max_cpu_loras": 8, "max_lora_rank": 16}
+    # serving.adapters.pinned in model.json: pinned in the real engine's adapter cache
+    # (engine.lora_slots' worker extension), the others not.
+    assert listing["pinned"] == ["alpha"]
+    pins = {item["name"]: item["pinned"] for item in listing["adapters"]}
+    assert pins["alpha"] is True and not any(p for name, p in pins.items() if name != "alpha")
     assert listing["roots"] == [{"path": str(ROOT), "exists": True}]
     assert listing["model"] == MODEL
 
@@ -227,6 +232,8 @@ def test_list_adapters_command_line(grpc_url, capsys):
     out = capsys.readouterr().out
     assert out.startswith("qwen_vl_lora (max_loras 4, max_cpu_loras 8, max_lora_rank 16)")
     assert "alpha" in out and "multi_lora.json" in out
+    alpha_row = next(line for line in out.splitlines() if line.split()[:1] == ["alpha"])
+    assert " pinned " in alpha_row  # serving.adapters.pinned in model.json
 
 
 # ---- add, replace, remove while requests run -----------------------------------------------------

@@ -9,13 +9,20 @@ session's ($LORA_CONTROL_TOKEN, tests/conftest.py), which the front inherits.
 
 import hashlib
 import json
+import os
 import re
 import urllib.error
 import urllib.request
 
 import pytest
 import yaml
-from lora_client.requests import RequestError, adapter_command, transcription_fields
+from lora_client.requests import (
+    CONTROL_TOKEN_VARIABLE,
+    RequestError,
+    adapter_command,
+    grpc_stream,
+    transcription_fields,
+)
 
 from tests.conftest import only_with_model
 from tests.e2e.test_openai_api import SENTENCE, _free_port, call, ok, sdk_runner
@@ -154,6 +161,16 @@ def test_admin_api_and_tritons_control_token(sdk_run, front, grpc_url, speech):
             adapter_command(grpc_url, "grpc", WHISPER, change, token="")
     names_only = adapter_command(grpc_url, "grpc", WHISPER, "list", token="")
     assert {"name": "beta"} in names_only["adapters"] and set(names_only) == {"model", "adapters"}
+    # The token as a gRPC header (tritonserver --grpc-header-forward-pattern, as the launcher
+    # and the image's entrypoint start it), not in the request: `load beta` reloads it.
+    before = adapter_command(grpc_url, "grpc", WHISPER, "list")
+    (version,) = [a["version"] for a in before["adapters"] if a["name"] == "beta"]
+    token = os.environ[CONTROL_TOKEN_VARIABLE]
+    fields = {"adapter_command": "load beta"}
+    (reply,) = grpc_stream(grpc_url, WHISPER, fields, headers={"control_token": token})
+    assert json.loads(reply.outputs["text_output"][0])["version"] == version + 1
+    with pytest.raises(RequestError, match="needs this model's control token"):
+        list(grpc_stream(grpc_url, WHISPER, fields, headers={"control_token": "wrong"}))
 
     wav = str(speech(SENTENCE))
     beta = {"lora_name": f"{WHISPER}/beta"}

@@ -34,6 +34,7 @@ from lora_serving.adapters.catalog import (
     requested_adapter,
 )
 from lora_serving.adapters.checks import BaseModel
+from lora_serving.adapters.pinning import PinnedAdapters
 from lora_serving.adapters.sources import (
     CONTROL,
     MULTI_LORA,
@@ -57,6 +58,9 @@ class EngineLoRA(Protocol):
     async def add_lora(self, adapter: Adapter) -> None: ...
 
     async def remove_lora(self, int_id: int) -> None: ...
+
+    async def pin_lora(self, int_id: int) -> None:
+        """Keep a loaded adapter in the engine's adapter cache (adapters.pinning)."""
 
     async def lora_state(self) -> tuple[set[int], set[int]]:
         """(ids in the engine's LoRA slots, ids in its adapter cache)."""
@@ -120,6 +124,8 @@ class AdapterFleet:
         log: Callable[[str], None] = print,
         warn: Callable[[str], None] | None = None,
         metrics: MetricsSink | None = None,
+        pinned: tuple[str, ...] = (),
+        pin_budget: int | None = None,
     ):
         self.enabled = enabled
         self.limits = limits or {}
@@ -130,6 +136,8 @@ class AdapterFleet:
         self._log = log
         self._warn = warn or log
         self._metrics = metrics or NoMetrics()
+        budget = len(set(pinned)) if pin_budget is None else pin_budget
+        self._pins = PinnedAdapters(pinned, budget, self._warn)
         self._engine: EngineLoRA | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()  # guards the tables below
@@ -175,6 +183,8 @@ class AdapterFleet:
                 "max_lora_rank": settings.max_lora_rank,
             },
             rescan_interval_s=options.rescan_interval_s,
+            pinned=options.pinned,
+            pin_budget=settings.max_cpu_loras - settings.max_loras,
             **kwargs,
         )
 
@@ -287,6 +297,7 @@ class AdapterFleet:
     async def start(self, engine: EngineLoRA) -> None:
         """Load the prepared adapters into the engine, then start the background rescans."""
         self._engine, self._loop = engine, asyncio.get_running_loop()
+        self._pins.reset()
         problems = []
         for candidate, adapter in self._pending:
             try:
@@ -435,11 +446,11 @@ class AdapterFleet:
         slots, cached = await self._engine_state()
         with self._lock:
             serving = [
-                _describe(v, _state(v.adapter.int_id, slots, cached))
+                _describe(v, _state(v.adapter.int_id, slots, cached), self._pins)
                 for v in self._serving.values()
             ]
             retiring = [
-                _describe(v, _state(v.adapter.int_id, slots, cached))
+                _describe(v, _state(v.adapter.int_id, slots, cached), self._pins)
                 for v in self._by_id.values()
                 if v.retired and not v.dropped
             ]
@@ -450,6 +461,7 @@ class AdapterFleet:
             "refused": {name: refused.message for name, refused in sorted(self._refused.items())},
             "unloaded": unloaded,
             "limits": self.limits,
+            "pinned": sorted(self._pins.names),
             "roots": self._sources.describe_roots(),
             "rescan_interval_s": self._rescan_interval_s,
         }
@@ -498,6 +510,7 @@ class AdapterFleet:
             self._versions[adapter.name] = adapter.version
         if old is not None:
             await self._retire(old)
+        await self._pin_wanted()
         return old is not None
 
     async def _remove(self, name: str) -> int:
@@ -524,7 +537,16 @@ class AdapterFleet:
             await self._engine.remove_lora(version.adapter.int_id)
         except Exception as err:  # the engine may be shutting down; the snapshot still goes
             self._warn(f"could not remove adapter id {version.adapter.int_id}: {err!r}")
+        self._pins.forget(version.adapter.int_id)
         await asyncio.to_thread(self._snapshots.remove, version.adapter.path)
+        await self._pin_wanted()  # a replaced pinned version's successor may pin now
+
+    async def _pin_wanted(self) -> None:
+        if self._engine is None or not self._pins.names:
+            return
+        with self._lock:
+            serving = [version.adapter for version in self._serving.values()]
+        await self._pins.pin_wanted(serving, self._engine.pin_lora)
 
     def _refuse(self, candidate: Candidate | None, message: str, name: str = "") -> None:
         """Remember why an adapter was refused (logged once per new reason)."""
@@ -616,7 +638,7 @@ def _state(int_id: int, slots: set[int], cached: set[int]) -> str:
     return CACHED if int_id in cached else REGISTERED
 
 
-def _describe(version: _Version, state: str) -> dict[str, Any]:
+def _describe(version: _Version, state: str, pins: PinnedAdapters) -> dict[str, Any]:
     adapter = version.adapter
     return {
         "name": adapter.name,
@@ -629,4 +651,5 @@ def _describe(version: _Version, state: str) -> dict[str, Any]:
         "version": adapter.version,
         "id": adapter.int_id,
         "in_flight": version.in_flight,
+        "pinned": pins.is_pinned(adapter.int_id),
     }

@@ -6,7 +6,7 @@ error), and `close()` stops the engine processes so no EngineCore outlives the m
 
 Two optional hooks: `leases` (the adapter fleet) holds the adapter version a job runs on for as
 long as it runs, and `metrics` receives one event per job and vLLM's per-step scheduler counts.
-The LoRA methods (`add_lora`, `remove_lora`, `lora_state`) are what the fleet drives.
+The LoRA methods (`add_lora`, `remove_lora`, `pin_lora`, `lora_state`) are what the fleet drives.
 """
 
 import asyncio
@@ -26,6 +26,7 @@ from lora_serving.engine.lora_slots import (
     ALIGNMENT_METHOD,
     ENCODER_COUNTS_METHOD,
     EXTENSION,
+    PIN_METHOD,
     SLOT_IDS_METHOD,
 )
 from lora_serving.errors import EngineUnavailable, RequestCancelled, ServingError, UnknownAdapter
@@ -198,6 +199,11 @@ class EngineHost:
 
     async def remove_lora(self, int_id: int) -> None:
         await self._ask_engine("remove_lora", self.engine.remove_lora(int_id), QUERY_TIMEOUT_S)
+
+    async def pin_lora(self, int_id: int) -> None:
+        """Keep an added adapter in the engine's adapter cache (adapters.pinning)."""
+        call = self.engine.collective_rpc(PIN_METHOD, args=(int_id,))
+        await self._ask_engine("pin", call, QUERY_TIMEOUT_S)
 
     async def lora_state(self) -> tuple[set[int], set[int]]:
         """(ids in the engine's LoRA slots, ids in its adapter cache)."""

@@ -13,6 +13,7 @@ SLOT_IDS_METHOD = "lora_serving_slot_ids"
 ENCODER_COUNTS_METHOD = "lora_serving_encoder_counts"
 ADAPTER_LOADS_METHOD = "lora_serving_adapter_loads"
 ALIGNMENT_METHOD = "lora_serving_take_alignment"
+PIN_METHOD = "lora_serving_pin_in_cache"
 
 
 class LoRASlotsExtension:
@@ -22,6 +23,16 @@ class LoRASlotsExtension:
         manager = getattr(worker_manager, "_adapter_manager", None)
         slots = getattr(manager, "lora_index_to_id", None) or []
         return [int(lora_id) for lora_id in slots if lora_id is not None]
+
+    def lora_serving_pin_in_cache(self, lora_id: int) -> None:
+        """Pin an adapter in the max_cpu_loras cache only (adapters.pinning says why not in
+        a batch slot, as vLLM's pin_lora also does); raises if it is not in the cache."""
+        worker_manager = getattr(self.model_runner, "lora_manager", None)
+        manager = getattr(worker_manager, "_adapter_manager", None)
+        cache = getattr(manager, "_registered_adapters", None)
+        if cache is None or not hasattr(cache, "pin"):
+            raise RuntimeError("this vLLM's adapter cache cannot pin")
+        cache.pin(lora_id)
 
     def lora_serving_adapter_loads(self) -> dict[str, int]:
         """Adapter loads counted since the first call (which starts the counting):
