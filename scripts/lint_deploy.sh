@@ -9,21 +9,20 @@
 #                                  CRDs by scripts/crd_schema.py; check-jsonschema)
 #   docker/compose.yaml, k8s/      yamllint
 #   docker/entrypoint.sh, scripts/{lint_deploy,gpu_check,gpu_venv,genai_perf,openai_sdk,peer_env,
-#     whisper_tiktoken,openai_whisper}.sh  shellcheck
+#     whisper_tiktoken,openai_whisper,tool_env}.sh  shellcheck
 #   requirements/, pyproject.toml  the GPU lock's inputs, the `gpu` extra and the CPU lock's inputs
 #                                  each resolve (uv pip compile; needs the package index)
 # The cross-checks between these files (ports, labels, volumes, model.json paths, metric names)
 # are unit tests: tests/unit/test_deploy_*.py.
 #
 # The linters are pinned in requirements/lint.txt and installed on first use into their own
-# virtual environment under ${LORA_SERVING_CACHE:-~/.cache/lora-serving} (never into .venv),
-# again only when the lock changes. Exit status: 0 when every linter passes.
+# virtual environment under ${LORA_SERVING_CACHE:-~/.cache/lora-serving}/lint-tools (never into
+# .venv), again only when the lock changes (scripts/tool_env.sh). Exit status: 0 when every
+# linter passes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 LOCK=requirements/lint.txt
-CACHE=${LORA_SERVING_CACHE:-$HOME/.cache/lora-serving}
-TOOLS=$CACHE/lint-tools
 # Kubernetes versions the manifests are checked against (kubernetes-validate ships 1.25-1.37).
 KUBE_VERSIONS=(1.30.0 1.37.0)
 MANIFESTS=(k8s/pvc.yaml k8s/deployment.yaml k8s/service.yaml k8s/networkpolicy.yaml k8s/hpa.yaml
@@ -34,26 +33,8 @@ CUSTOM_RESOURCES=(k8s/inference-gateway/inference-pool.yaml=k8s/schemas/inferenc
   k8s/inference-gateway/httproute.yaml=k8s/schemas/httproute-v1.json)
 SHELL_SCRIPTS=(docker/entrypoint.sh scripts/lint_deploy.sh scripts/gpu_check.sh scripts/gpu_venv.sh
   scripts/genai_perf.sh scripts/openai_sdk.sh scripts/peer_env.sh scripts/whisper_tiktoken.sh
-  scripts/openai_whisper.sh scripts/s3_server.sh)
+  scripts/openai_whisper.sh scripts/s3_server.sh scripts/tool_env.sh)
 YAMLLINT_CONFIG='{extends: default, rules: {line-length: {max: 100}, document-start: disable}}'
-
-install_tools() {
-  local stamp
-  stamp="$TOOLS/.lock-$(sha256sum "$LOCK" | cut -c1-16)"
-  [[ -f "$stamp" ]] && return 0
-  echo "lint_deploy: installing the pinned linters ($LOCK) into $TOOLS"
-  rm -rf "$TOOLS"
-  local python=${PYTHON:-python3.11}
-  command -v "$python" >/dev/null || python=python3
-  if [[ -x .venv/bin/uv ]]; then
-    .venv/bin/uv venv -q --python "$(command -v "$python")" "$TOOLS"
-    .venv/bin/uv pip install -q --python "$TOOLS/bin/python" --no-deps -r "$LOCK"
-  else
-    "$python" -m venv "$TOOLS"
-    "$TOOLS/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$LOCK"
-  fi
-  touch "$stamp"
-}
 
 failures=()
 run() {  # run NAME COMMAND...: print the command's findings, remember a failure, go on
@@ -67,8 +48,7 @@ run() {  # run NAME COMMAND...: print the command's findings, remember a failure
   fi
 }
 
-install_tools
-bin=$TOOLS/bin
+bin=$(scripts/tool_env.sh --quiet lint-tools "$LOCK")/bin
 
 run "hadolint docker/Dockerfile" "$bin/hadolint" --no-color docker/Dockerfile
 run "compose-spec schema: docker/compose.yaml" \

@@ -11,6 +11,10 @@ bidirectional stream per request). Model ids are the Triton model names for the 
   audio.py    /v1/audio/*: form -> whisper_lora inputs; json/text/verbose_json/srt/vtt; SSE events
   chat.py     /v1/chat/completions: messages -> qwen_vl_lora inputs; completion and chunk bodies
   limits.py   request body size limit (ASGI middleware)
-  app.py      create_app(): FastAPI routes, thin: parse -> gateway -> response or SSE
+  front.py    FrontSettings; Front, what every route shares (gateway, catalog, tenancy)
+  streaming.py  Triton's replies -> a whole answer or server-sent events
+  routers/    one APIRouter per area: audio, chat, models, admin, observability; thin:
+              parse -> gateway -> response or SSE
+  app.py      create_app(): the routers on one FastAPI, errors as OpenAI's body
   cli.py      lora-openai --triton-url HOST:GRPC_PORT --port 9000
 """

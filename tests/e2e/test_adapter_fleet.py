@@ -121,7 +121,7 @@ def reference(
     """The merged reference's completion of qwen_inputs()' prompt and image (or no image)."""
     import torch
 
-    from lora_serving.reference.qwen_vl import reference_generate, streamed_text
+    from tests.reference.qwen_vl import reference_generate, streamed_text
 
     prompt, tokenizer = _prompt_and_tokenizer(base, int(image))
     threads = torch.get_num_threads()

@@ -19,7 +19,7 @@ pytestmark = only_with_model(MODEL)
 def reference(base, adapter, audio) -> str:
     from transformers import AutoTokenizer
 
-    from lora_serving.reference.whisper import reference_generate
+    from tests.reference.whisper import reference_generate
 
     tokenizer = AutoTokenizer.from_pretrained(base)
     prompt = tokenizer.convert_tokens_to_ids(

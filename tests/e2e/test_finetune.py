@@ -20,8 +20,8 @@ pytestmark = only_with_model(MODEL)
 def reference(base, adapter, wav) -> str:
     from transformers import AutoTokenizer
 
-    from lora_serving.reference.whisper import reference_generate
     from lora_tools.finetune.train import PROMPT_TOKENS
+    from tests.reference.whisper import reference_generate
 
     tokenizer = AutoTokenizer.from_pretrained(base)
     prompt = tokenizer.convert_tokens_to_ids(list(PROMPT_TOKENS))

@@ -66,8 +66,8 @@ def qwen3_loaded(grpc_url, qwen3):
 def reference_text(base, adapters, name, prompt, images=(), **kwargs) -> str:
     """The merged reference's greedy completion as the server streams it: a last token that
     ends inside a character is held back (random weights here do end so)."""
-    from lora_serving.reference.qwen_vl import reference_generate, streamed_text
     from lora_serving.tasks import load_tokenizer
+    from tests.reference.qwen_vl import reference_generate, streamed_text
 
     adapter = adapters / name if name else None
     images = [rgb(data) for data in images]
@@ -115,8 +115,8 @@ def test_every_module_kind_in_one_batch_with_image_and_video(grpc_url, qwen3, qw
             {"images": [], "videos": frames, "video_fps": VIDEO_FPS},
         ),
     }
-    from lora_serving.reference.qwen_vl import reference_generate, streamed_text
     from lora_serving.tasks import load_tokenizer
+    from tests.reference.qwen_vl import reference_generate, streamed_text
 
     tokenizer = load_tokenizer(str(base))
     answers: dict[str, set[tuple[int, ...]]] = {kind: set() for kind in media}

@@ -58,8 +58,8 @@ def chat_prompt(base, text: str, images: int = 0, video: bool = False) -> str:
 
 def reference_text(base, adapters, name, prompt, images=(), **kwargs) -> str:
     """The merged reference's greedy completion for one adapter (None = base), decoded."""
-    from lora_serving.reference.qwen_vl import reference_generate
     from lora_serving.tasks import load_tokenizer
+    from tests.reference.qwen_vl import reference_generate
 
     adapter = adapters / name if name else None
     tokens, _ = reference_generate(

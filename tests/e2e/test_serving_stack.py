@@ -155,7 +155,7 @@ def test_whisper_mixed_batch_equals_solo_and_merged_reference(
     grpc_url, speech, whisper_solo, demo_models
 ):
     """{base, alpha, beta} sent together share engine batches and still get their own adapter."""
-    from lora_serving.reference.whisper import reference_generate
+    from tests.reference.whisper import reference_generate
 
     wav = speech(FOREST)
     names = [None, "alpha", "beta"] * 2
@@ -243,8 +243,8 @@ def test_qwen_streams_deltas_that_add_up(grpc_url, qwen_solo):
 
 
 def test_qwen_mixed_batch_equals_solo_and_merged_reference(grpc_url, qwen_solo, demo_models):
-    from lora_serving.reference.qwen_vl import reference_generate
     from lora_serving.tasks import load_tokenizer
+    from tests.reference.qwen_vl import reference_generate
 
     names = [None, "alpha", "beta"] * 2
     outcomes = grpc_many(

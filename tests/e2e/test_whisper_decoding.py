@@ -67,7 +67,7 @@ def test_beam_search_equals_transformers_and_encodes_each_request_once(
 ):
     """Beam 5 for base, a decoder adapter and an all-layer adapter, plus a greedy request, all
     at once (they share batches): each equals transformers on the merged weights."""
-    from lora_serving.reference.whisper import reference_generate
+    from tests.reference.whisper import reference_generate
 
     clip = speech(SENTENCE)
     runs = [(None, 5), ("alpha", 5), ("all_layers", 5), (None, 1)]
@@ -132,9 +132,9 @@ def test_default_beam_rule_equals_faster_whisper(
     and a longer recording with timestamps, segment by segment; with an adapter, it equals the
     same search on the merged weights."""
     from lora_serving.launcher import REPO_ROOT
-    from lora_serving.reference.whisper import reference_ctranslate2_beam
     from lora_tools.bench import peer_env, wer
     from lora_tools.finetune import corpus
+    from tests.reference.whisper import reference_ctranslate2_beam
 
     (where_rules_differ,) = [u for u in wer.utterances() if "slowly" in u.text]
     plain = tmp_path / "slowly-16k.wav"

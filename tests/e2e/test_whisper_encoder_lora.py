@@ -20,7 +20,7 @@ def references(speech, demo_models):
     """Reference transcript per adapter (None = base), English, plain greedy."""
     from transformers import AutoTokenizer
 
-    from lora_serving.reference.whisper import reference_generate
+    from tests.reference.whisper import reference_generate
 
     base = demo_models / "whisper-base"
     tokenizer = AutoTokenizer.from_pretrained(base)

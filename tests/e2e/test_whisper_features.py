@@ -1,6 +1,6 @@
 """whisper_lora's options end to end: timestamps, adapters per row, streaming, previous text,
 translation and the command line. References are computed here with transformers on the
-adapter-merged weights (lora_serving.reference.whisper), never with the serving code.
+adapter-merged weights (tests.reference.whisper), never with the serving code.
 """
 
 import io
@@ -33,7 +33,7 @@ def tokenizer(demo_models):
 
 def reference_tokens(demo_models, adapter, wav, prompt_ids, max_tokens=60) -> list[int]:
     """Greedy tokens of the merged-weights reference (PEFT merge, float32)."""
-    from lora_serving.reference.whisper import reference_generate
+    from tests.reference.whisper import reference_generate
 
     adapter_dir = demo_models / "whisper-adapters" / adapter if adapter else None
     base = demo_models / "whisper-base"
@@ -46,7 +46,7 @@ def transformers_segments(demo_models, adapter, wav) -> list[dict]:
     the model's generation_config (token suppression on), as whisper_lora decodes by default."""
     from transformers import AutoTokenizer
 
-    from lora_serving.reference.whisper import _load_model, reference_features
+    from tests.reference.whisper import _load_model, reference_features
 
     base = str((demo_models / "whisper-base").absolute())
     adapter_dir = str((demo_models / "whisper-adapters" / adapter).absolute()) if adapter else None
@@ -150,7 +150,7 @@ def generate_with_prompt(demo_models, adapter, wav, previous: str, max_tokens: i
     import torch
     from transformers import AutoTokenizer
 
-    from lora_serving.reference.whisper import _load_model, reference_features
+    from tests.reference.whisper import _load_model, reference_features
 
     base = str((demo_models / "whisper-base").absolute())
     adapter_dir = str((demo_models / "whisper-adapters" / adapter).absolute()) if adapter else None
@@ -208,7 +208,7 @@ def test_default_decoding_suppresses_like_transformers_for_every_adapter_kind(
     transformers' generate() applies no quality loop by default, and by openai-whisper's rules
     this tone is no speech at all (test_whisper_decoding): one temperature and no no-speech
     check here, the reference's own decoding."""
-    from lora_serving.reference.whisper import greedy_without_rules, reference_generate
+    from tests.reference.whisper import greedy_without_rules, reference_generate
 
     t = np.arange(3 * 16000) / 16000
     tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)

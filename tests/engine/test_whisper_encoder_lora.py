@@ -27,8 +27,6 @@ import torch
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 
-from lora_serving.reference.whisper import greedy_without_rules
-
 pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -241,6 +239,10 @@ def generate(llm, model: TinyWhisper, cases: list[Case]) -> list[tuple[list[int]
 
 @cache
 def _reference(base_dir: Path, adapter_dir: Path | None, case: Case, prompt: tuple[int, ...]):
+    # Imported here: this file also runs as a script (__main__ below), where tests/ is not
+    # importable.
+    from tests.reference.whisper import greedy_without_rules
+
     return greedy_without_rules(  # bare vLLM: no Whisper decoding rules on either side
         base_dir, adapter_dir, synthetic_audio(case.audio_seed), list(prompt), MAX_TOKENS
     )

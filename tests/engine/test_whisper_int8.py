@@ -121,7 +121,7 @@ def served(int8_dir, adapter_dir, audio, dtype) -> list[tuple[list[int], list[fl
 def float32_reference(float_dir, adapter_dir, audio, tokens: list[int]) -> torch.Tensor:
     """Each step's log-probabilities over the vocabulary from the float32 merged reference,
     `tokens` fed one after another."""
-    from lora_serving.reference.whisper import _model_and_features
+    from tests.reference.whisper import _model_and_features
 
     model, features = _model_and_features(float_dir, adapter_dir, audio)
     prompt = prompt_ids(float_dir)

@@ -26,8 +26,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from lora_serving.reference.whisper import reference_features, reference_generate
 from tests.conftest import load_16k
+from tests.reference.whisper import reference_features, reference_generate
 from tests.unit.test_transcription import request
 
 pytestmark = pytest.mark.engine
@@ -164,7 +164,7 @@ def reference_prompt(tokenizer, row: Row, language: str | None) -> list[int]:
 
 def reference_language(served: Served, row: Row, audio: np.ndarray) -> str:
     """transformers' detect_language on the merged weights."""
-    from lora_serving.reference.whisper import _load_model
+    from tests.reference.whisper import _load_model
 
     adapter = adapter_dir(served, row.adapter)
     model = _load_model(str(served.model_dir), None if adapter is None else str(adapter))

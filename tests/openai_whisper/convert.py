@@ -1,7 +1,7 @@
 """A Hugging Face Whisper folder (+ a PEFT adapter, merged) -> an openai-whisper checkpoint.
 
 openai-whisper's `whisper.load_model(path)` reads `{"dims": ModelDimensions fields,
-"model_state_dict": ...}`. The merge is PEFT's (lora_serving.reference.whisper), the same float32
+"model_state_dict": ...}`. The merge is PEFT's (tests.reference.whisper), the same float32
 weights every other reference check uses; the key layout is the inverse of transformers'
 `convert_openai_to_hf.py`. openai-whisper knows the alignment heads only of OpenAI's own model
 names, so the checkpoint also carries the generation_config's `alignment_heads` ([layer, head]
@@ -73,7 +73,7 @@ def _pad_mlps(state: dict, width: int) -> None:
 
 def convert(base_dir: Path, adapter_dir: Path | None, out_path: Path) -> Path:
     """Writes the checkpoint of `base_dir` (+ `adapter_dir` merged) to out_path."""
-    from lora_serving.reference.whisper import _load_model
+    from tests.reference.whisper import _load_model
 
     model = _load_model(
         str(Path(base_dir).absolute()),

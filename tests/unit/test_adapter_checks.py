@@ -10,7 +10,7 @@ from lora_serving.adapters.catalog import load_adapter, weight_shapes
 from lora_serving.adapters.checks import BaseModel, canonical_module, max_tensor_rank
 from lora_serving.adapters.control import parse_command
 from lora_serving.errors import ConfigError, InvalidRequest
-from lora_serving.metrics import BASE_LABEL, JobMeter, scheduler_load
+from lora_serving.metrics import BASE_LABEL, JobMeter
 from lora_serving.settings import AdapterOptions, EngineSettings
 from tests.unit.adapter_factory import make_adapter, make_base
 
@@ -219,6 +219,8 @@ def test_changes_need_the_control_token_and_listing_without_it_shows_names_only(
 
 # ---- metric helpers ----------------------------------------------------------------------------
 def test_scheduler_counts_by_adapter_name_and_base_remainder():
+    from lora_serving.engine.stat_logger import scheduler_load
+
     load = scheduler_load(5, 2, {"a@1": 2, "a@7": 1, "b@2": 1}, {"b@2": 2})
     assert load.running == {"a": 3, "b": 1, BASE_LABEL: 1}
     assert load.waiting == {"b": 2, BASE_LABEL: 0}

@@ -209,7 +209,7 @@ def test_adapters_cover_language_model_tower_and_merger(model_dir, tmp_path):
 
 
 def test_streamed_text_holds_back_a_token_that_ends_inside_a_character(tokenizer):
-    from lora_serving.reference.qwen_vl import streamed_text
+    from tests.reference.qwen_vl import streamed_text
 
     theta = tokenizer.encode(" theta", add_special_tokens=False)
     # Token 143887 is "久し" plus the first bytes of a third character (seen as the 16th

@@ -202,7 +202,7 @@ STUB_MODULES = {"triton_python_backend_utils"}
 
 
 def test_gpu_lock_has_every_package_the_served_code_imports():
-    """Serving code (everything but bench/, demo/, finetune/, reference/, the CPU launcher and
+    """Serving code (everything but bench/, demo/, finetune/, the CPU launcher and
     the soak client) must find its imports in the GPU image, which installs requirements/gpu.txt
     and nothing else."""
     import ast
@@ -216,7 +216,6 @@ def test_gpu_lock_has_every_package_the_served_code_imports():
             "bench",
             "demo",
             "finetune",
-            "reference",
             "launcher.py",
             "soak.py",
         ):

@@ -10,10 +10,10 @@ where the adapter trains, and only there).
 import pytest
 import torch
 
-from lora_serving.reference.whisper import reference_generate
 from tests.conftest import load_16k
 from tests.openai_whisper import install_reference_env, reference_transcribe
 from tests.openai_whisper.convert import _pad_mlps, convert, openai_name
+from tests.reference.whisper import reference_generate
 
 SOT, EN, TRANSCRIBE, EOT = 50258, 50259, 50359, 50257
 

@@ -202,3 +202,52 @@ def test_faster_whisper_rule_at_max_tokens_finishes_the_best_beams():
     table = {(): {1: 0.6, END: 0.4}}
     result, _ = faster_whisper_search(table, max_tokens=1)
     assert result.tokens == [1] and result.finish_reason == "length"
+
+
+def renormalised_step(model, suppress, at_begin):
+    """Each step's log-probabilities as the engine gives them under faster-whisper's rule:
+    suppressed tokens removed before log_softmax (renormalised), then the end-of-text bonus."""
+
+    def step(tokens: list[int]) -> torch.Tensor:
+        with torch.inference_mode():
+            logits = model(torch.tensor([PROMPT + tokens])).logits[0, -1].float()
+        logits = logits.clone()  # a normal tensor, writable outside inference mode
+        logits[sorted(suppress | (set() if tokens else at_begin))] = -torch.inf
+        return eos_bonus(torch.log_softmax(logits, dim=-1), len(tokens))
+
+    return step
+
+
+@pytest.mark.parametrize("beams", [1, 2, 5])
+@pytest.mark.parametrize("max_tokens", [4, 12, 30])
+@pytest.mark.parametrize("patience, length_penalty", [(1.0, 1.0), (2.0, 1.0), (1.0, 0.5)])
+def test_faster_whisper_rule_equals_the_reference_ctranslate2_search(
+    model, beams, max_tokens, patience, length_penalty
+):
+    """Our faster-whisper rule and the merged-weights reference's CTranslate2 search
+    (tests/reference/whisper.py, written apart from it from CTranslate2's decoding.cc) pick the
+    same hypothesis on the same steps."""
+    from tests.reference.whisper import ctranslate2_beam_search
+
+    step = renormalised_step(model, {0, 1, 2, 9}, {EOS, 4})
+
+    async def score_next(tokens):
+        logprobs = step(tokens)
+        top = torch.topk(logprobs, 2 * beams)
+        return dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+
+    options = BeamOptions(
+        beams, rule=FASTER_WHISPER, patience=patience, length_penalty=length_penalty
+    )
+    ours = asyncio.run(
+        beam_search(score_next, options=options, max_tokens=max_tokens, end_of_text=EOS)
+    )
+    hypotheses = ctranslate2_beam_search(
+        step,
+        beam_size=beams,
+        max_length=max_tokens,
+        end_id=EOS,
+        length_penalty=length_penalty,
+        patience=patience,
+    )
+    assert ours.tokens == hypotheses[0]

@@ -1,4 +1,4 @@
-"""The Whisper reference (lora_serving.reference.whisper) with timestamps and previous text.
+"""The Whisper reference (tests.reference.whisper) with timestamps and previous text.
 
 Regression test: with timestamps transformers 5's generate() returns a dict
 ({"sequences", "segments"}), and reference_generate failed with
@@ -8,8 +8,8 @@ Regression test: with timestamps transformers 5's generate() returns a dict
 import pytest
 import torch
 
-from lora_serving.reference.whisper import _model_and_features, reference_generate
 from tests.conftest import load_16k
+from tests.reference.whisper import _model_and_features, reference_generate
 
 EOT, SOT, EN, TRANSCRIBE, SOT_PREV, NO_TS, TS = 50257, 50258, 50259, 50359, 50361, 50363, 50364
 

@@ -7,6 +7,7 @@ import torch
 
 from lora_serving.tasks import whisper_word_refine, whisper_words
 from lora_serving.tasks.whisper_words import WordTiming
+from lora_serving.vllm_plugin import whisper_alignment
 
 
 def dtw_by_loops(x: np.ndarray):
@@ -49,13 +50,13 @@ def test_dtw_equals_openai_whispers_loops_ties_included(seed):
 
 def test_median_filter_reflects_at_the_edges():
     x = torch.tensor([1.0, 5.0, 2.0, 8.0, 3.0])
-    assert whisper_words.median_filter(x, 3).tolist() == [5.0, 2.0, 5.0, 3.0, 8.0]
-    assert whisper_words.median_filter(x[:1], 3).tolist() == [1.0]  # too short: unchanged
+    assert whisper_alignment.median_filter(x, 3).tolist() == [5.0, 2.0, 5.0, 3.0, 8.0]
+    assert whisper_alignment.median_filter(x[:1], 3).tolist() == [1.0]  # too short: unchanged
 
 
 def test_alignment_matrix_drops_the_sot_and_eot_rows():
     weights = torch.randn(2, 8, 20)  # 2 heads, sot (3) + notimestamps + 3 text + eot, 20 frames
-    matrix = whisper_words.alignment_matrix(weights, text_from=3)
+    matrix = whisper_alignment.alignment_matrix(weights, text_from=3)
     assert matrix.shape == (4, 20)
 
 
@@ -66,7 +67,7 @@ def test_text_token_probabilities_are_among_text_tokens_only():
     hidden = torch.zeros(5, 6)
     hidden[1, 1] = 10.0  # after notimestamps, text token 1 is likely
     hidden[1, 5] = 50.0  # a special token's logit does not count
-    probabilities = whisper_words.text_token_probabilities(
+    probabilities = whisper_alignment.text_token_probabilities(
         hidden, embedding, prompt, text_from=1, eot=eot
     )
     assert probabilities[0] == pytest.approx(np.exp(10) / (np.exp(10) + 3))

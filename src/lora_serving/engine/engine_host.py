@@ -29,13 +29,13 @@ from lora_serving.engine.job_guard import JobGuard
 from lora_serving.engine.lora_slots import PIN_METHOD, SLOT_IDS_METHOD
 from lora_serving.errors import EngineUnavailable, RequestCancelled, UnknownAdapter
 from lora_serving.metrics import (
+    BASE_LABEL,
     CANCELLED,
     ERROR,
     REFUSED,
     SUCCESS,
     JobMeter,
     MetricsSink,
-    adapter_label,
 )
 from lora_serving.settings import EngineSettings
 
@@ -226,7 +226,7 @@ class EngineHost:
         The job ends with RequestCancelled once `is_cancelled()` says so, and with
         RequestTimedOut after `timeout_s` (at most serving.request_timeout_s): all of its
         engine requests are aborted then. One metrics event per job, on exit."""
-        meter = JobMeter(adapter=adapter_label(adapter))
+        meter = JobMeter(adapter=BASE_LABEL if adapter is None else adapter.name)
         outcome = ERROR
         limit = self.settings.serving.request_timeout_s
         timeout_s = min(timeout_s, limit) if timeout_s else limit

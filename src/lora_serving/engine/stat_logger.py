@@ -6,9 +6,45 @@ when the load changed, one non-blocking `MetricsSink.record`. Waiting counts as 
 `vllm:num_requests_waiting` does: queued plus deferred (skipped) requests.
 """
 
+from collections.abc import Mapping
+
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from lora_serving.metrics import MetricsSink, SchedulerLoad, scheduler_load
+from lora_serving.adapters.catalog import name_from_engine_name
+from lora_serving.metrics import BASE_LABEL, MetricsSink, SchedulerLoad
+
+KV_USAGE_STEP = 0.001  # KV cache usage is reported in steps of 0.1 %
+
+
+def scheduler_load(
+    num_running: int,
+    num_waiting: int,
+    running_by_engine_name: Mapping[str, int],
+    waiting_by_engine_name: Mapping[str, int],
+    *,
+    kv_cache_usage: float = 0.0,
+    max_loras: int = 0,
+) -> SchedulerLoad:
+    """vLLM counts per engine name (`name@id`); base-model requests are the remainder.
+
+    The KV cache usage is rounded to KV_USAGE_STEP: it moves with every block allocated, and
+    each change is a metrics update in the Triton process."""
+
+    def by_label(total: int, per_engine_name: Mapping[str, int]) -> dict[str, int]:
+        labels: dict[str, int] = {}
+        for engine_name, count in per_engine_name.items():
+            label = name_from_engine_name(engine_name)
+            labels[label] = labels.get(label, 0) + count
+        labels[BASE_LABEL] = max(0, total - sum(labels.values()))
+        return labels
+
+    kv = min(1.0, max(0.0, round(kv_cache_usage / KV_USAGE_STEP) * KV_USAGE_STEP))
+    return SchedulerLoad(
+        by_label(num_running, running_by_engine_name),
+        by_label(num_waiting, waiting_by_engine_name),
+        kv_cache_usage=round(kv, 6),
+        max_loras=max_loras,
+    )
 
 
 class SchedulerLoadLogger(StatLoggerBase):

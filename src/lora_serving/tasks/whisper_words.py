@@ -2,11 +2,12 @@
 
 The engine (vllm_plugin/whisper_alignment) runs one teacher-forced request per window,
     <|startoftranscript|> <|xx|> <|task|> <|notimestamps|> text tokens <|endoftext|>
-with the request's adapter, and hands back `alignment_matrix` of its alignment heads' QK and
-`text_token_probabilities` of its logits. Here: DTW over the negated matrix (openai-whisper's
-`dtw_cpu`, same float32 cost and tie-breaking, computed by anti-diagonals), jumps -> token
-times, `split_to_word_tokens`, `merge_punctuations`, and `add_word_timestamps`' clamps and
-segment boundary rules. Times are in seconds; 50 encoder frames a second.
+with the request's adapter, and hands back the matrix of its alignment heads' QK and each text
+token's probability (both computed there, in the engine process). Here: DTW over the negated
+matrix (openai-whisper's `dtw_cpu`, same float32 cost and tie-breaking, computed by
+anti-diagonals), jumps -> token times, `split_to_word_tokens`, `merge_punctuations`, and
+`add_word_timestamps`' clamps and segment boundary rules. Times are in seconds; 50 encoder frames
+a second.
 """
 
 import itertools
@@ -18,7 +19,6 @@ from functools import lru_cache
 import numpy as np
 
 TOKENS_PER_SECOND = 50  # encoder frames (openai-whisper's TOKENS_PER_SECOND)
-MEDIAN_FILTER_WIDTH = 7
 PREPEND_PUNCTUATIONS = "\"'“¿([{-"
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 # openai-whisper splits these languages' words at unicode points, not spaces.
@@ -33,45 +33,6 @@ class WordTiming:
     start: float
     end: float
     probability: float
-
-
-# ---- the engine side (torch): QK of the alignment heads -> the matrix DTW runs on -----------
-def median_filter(x, filter_width: int):
-    """openai-whisper's median filter along the last dimension (reflect padding)."""
-    import torch.nn.functional as F
-
-    pad_width = filter_width // 2
-    if x.shape[-1] <= pad_width:
-        return x
-    ndim = x.ndim
-    if ndim <= 2:
-        x = x[None, None, :]
-    x = F.pad(x, (pad_width, pad_width, 0, 0), mode="reflect")
-    result = x.unfold(-1, filter_width, 1).sort()[0][..., pad_width]
-    return result[0, 0] if ndim <= 2 else result
-
-
-def alignment_matrix(weights, *, text_from: int):
-    """(heads, prompt tokens, frames) QK of the window's real frames -> (1 + text tokens,
-    frames): softmax over frames, standardised per head over tokens, median filter, mean of
-    heads, without the sot sequence and <|endoftext|> rows (openai-whisper's find_alignment)."""
-    import torch
-
-    weights = weights.float().softmax(dim=-1)
-    std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
-    weights = (weights - mean) / std
-    weights = median_filter(weights, MEDIAN_FILTER_WIDTH)
-    return weights.mean(dim=0)[text_from:-1]
-
-
-def text_token_probabilities(hidden, embedding, prompt: Sequence[int], *, text_from: int, eot: int):
-    """Each text token's probability among the text tokens (softmax over ids below <|endoftext|>)
-    given the tokens before it: openai-whisper's `text_token_probs`."""
-    text = list(prompt[text_from + 1 : -1])
-    rows = hidden[text_from : text_from + len(text)].float()
-    logits = rows @ embedding[:eot].float().T
-    probabilities = logits.softmax(dim=-1)
-    return [float(probabilities[i, token]) for i, token in enumerate(text)]
 
 
 # ---- DTW ---------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ vLLM's code, nothing is captured, and the take answers with an error the serving
 
 import contextvars
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ EXTRA_ARG = "lora_serving_alignment"
 # whisper-base window's result is ~0.3 MiB (100 tokens x 750 frames), 2.6 MiB at most.
 MAX_RESULT_BYTES = 96 * 1024 * 1024
 _STORE_ATTR = "_lora_serving_alignment_store"
+MEDIAN_FILTER_WIDTH = 7
 
 
 @dataclass
@@ -215,9 +217,46 @@ def _window_of(step, kv, req_id: str) -> bool:
     )
 
 
-def _finish(runner, capture: Capture) -> None:
-    from lora_serving.tasks.whisper_words import alignment_matrix, text_token_probabilities
+# ---- openai-whisper's find_alignment, the part that needs the model: QK -> the DTW matrix ---
+def median_filter(x, filter_width: int):
+    """openai-whisper's median filter along the last dimension (reflect padding)."""
+    import torch.nn.functional as F
 
+    pad_width = filter_width // 2
+    if x.shape[-1] <= pad_width:
+        return x
+    ndim = x.ndim
+    if ndim <= 2:
+        x = x[None, None, :]
+    x = F.pad(x, (pad_width, pad_width, 0, 0), mode="reflect")
+    result = x.unfold(-1, filter_width, 1).sort()[0][..., pad_width]
+    return result[0, 0] if ndim <= 2 else result
+
+
+def alignment_matrix(weights, *, text_from: int):
+    """(heads, prompt tokens, frames) QK of the window's real frames -> (1 + text tokens,
+    frames): softmax over frames, standardised per head over tokens, median filter, mean of
+    heads, without the sot sequence and <|endoftext|> rows (openai-whisper's find_alignment)."""
+    import torch
+
+    weights = weights.float().softmax(dim=-1)
+    std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
+    weights = (weights - mean) / std
+    weights = median_filter(weights, MEDIAN_FILTER_WIDTH)
+    return weights.mean(dim=0)[text_from:-1]
+
+
+def text_token_probabilities(hidden, embedding, prompt: Sequence[int], *, text_from: int, eot: int):
+    """Each text token's probability among the text tokens (softmax over ids below <|endoftext|>)
+    given the tokens before it: openai-whisper's `text_token_probs`."""
+    text = list(prompt[text_from + 1 : -1])
+    rows = hidden[text_from : text_from + len(text)].float()
+    logits = rows @ embedding[:eot].float().T
+    probabilities = logits.softmax(dim=-1)
+    return [float(probabilities[i, token]) for i, token in enumerate(text)]
+
+
+def _finish(runner, capture: Capture) -> None:
     store = store_of(runner)
     store.pending.pop(capture.req_id, None)
     spec = capture.spec

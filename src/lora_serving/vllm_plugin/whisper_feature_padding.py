@@ -10,8 +10,9 @@ took a city" fed the floor, rightly fed zeros). The frames of the audio itself a
 ways (same normalisation: the maximum is the speech's); this fix sets the frames after the
 audio's end, len(samples) // hop_length on, to zero, as openai-whisper does.
 
-`lora_serving.reference.whisper` computes its reference features the same way, so served tokens
-still equal transformers' `generate()` on the same input features.
+The merged-weights reference (tests/reference/whisper.py) builds its window as openai-whisper's
+`transcribe()` does, independently; tests/unit/test_reference_features.py shows both windows are
+equal, so served tokens still equal transformers' `generate()` on the same input features.
 """
 
 import importlib

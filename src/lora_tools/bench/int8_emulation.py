@@ -77,6 +77,20 @@ def emulated_model(base_dir: Path, int8_dir: Path, adapter_dir: Path | None, dty
     return model
 
 
+def merged_float32_model(base_dir: Path, adapter_dir: Path | None):
+    """The float32 model with the adapter merged by PEFT: the judge of each configuration. Built
+    here rather than taken from tests/reference/ (tooling never imports the tests); the
+    window is the served padding (padded_features), the input the engine sees."""
+    import torch
+    from peft import PeftModel
+    from transformers import WhisperForConditionalGeneration
+
+    model = WhisperForConditionalGeneration.from_pretrained(str(base_dir), dtype=torch.float32)
+    if adapter_dir is not None:
+        model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    return model.eval()
+
+
 def step_logprobs(model, features, prompt: list[int], tokens: list[int]):
     import torch
 
@@ -91,10 +105,10 @@ def step_logprobs(model, features, prompt: list[int], tokens: list[int]):
 
 def measure(demo_models: Path, adapter: str | None, sentences: int) -> dict[str, dict]:
     import torch
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, WhisperFeatureExtractor
 
     from lora_serving.audio import decode_audio_file, to_whisper_input
-    from lora_serving.reference.whisper import _load_model, reference_features
+    from lora_serving.vllm_plugin.whisper_feature_padding import padded_features
 
     base_dir = (demo_models / "whisper-base").absolute()
     adapter_dir = None if adapter is None else (demo_models / "whisper-adapters" / adapter)
@@ -107,7 +121,8 @@ def measure(demo_models: Path, adapter: str | None, sentences: int) -> dict[str,
         name: emulated_model(base_dir, demo_models / "whisper-base-int8", adapter_dir, *config)
         for name, config in configs.items()
     }
-    reference = _load_model(str(base_dir), None if adapter_dir is None else str(adapter_dir))
+    reference = merged_float32_model(base_dir, adapter_dir)
+    extractor = WhisperFeatureExtractor.from_pretrained(str(base_dir))
     prompt = AutoTokenizer.from_pretrained(str(base_dir)).convert_tokens_to_ids(list(PROMPT))
     results = {
         name: {"distances": [], "sentence_means": [], "moved_margins": []} for name in configs
@@ -117,9 +132,7 @@ def measure(demo_models: Path, adapter: str | None, sentences: int) -> dict[str,
             wav = Path(folder) / f"{index}.wav"
             subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(wav), text], check=True)
             samples, rate = decode_audio_file(wav.read_bytes(), max_seconds=30)
-            features = reference_features(
-                str(base_dir), to_whisper_input(samples, rate, max_seconds=30)
-            )
+            features = padded_features(extractor, to_whisper_input(samples, rate, max_seconds=30))
             with torch.inference_mode():
                 generated = reference.generate(
                     input_features=features,

@@ -2,7 +2,8 @@
 
 The ground truth that vLLM's dynamic LoRA (language model, vision tower and merger) must match:
 float32, adapter merged by PEFT, and a plain argmax loop that recomputes the whole sequence every
-step, so nothing depends on KV-cache or M-RoPE delta bookkeeping.
+step, so nothing depends on KV-cache or M-RoPE delta bookkeeping. It imports nothing of the
+product it judges (lora_serving, lora_tools).
 """
 
 from functools import lru_cache
@@ -14,8 +15,6 @@ from peft import PeftModel
 from peft.tuners.lora import LoraLayer
 from PIL.Image import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
-
-from lora_tools.demo.qwen_vl import video_metadata
 
 MergeScope = Literal["all", "language_only"]
 
@@ -52,6 +51,17 @@ def _merged_model(base_dir: Path, adapter_dir: Path | None, merge: MergeScope) -
     return model.eval()
 
 
+def video_metadata(num_frames: int, fps: float) -> dict:
+    """transformers' video metadata (its VideoMetadata fields) for frames already sampled at
+    `fps`: the processor then spaces the frames in time (M-RoPE) without sampling again."""
+    return {
+        "total_num_frames": num_frames,
+        "fps": fps,
+        "duration": num_frames / fps,
+        "frames_indices": list(range(num_frames)),
+    }
+
+
 def _append_column(batch: torch.Tensor, value: int) -> torch.Tensor:
     return torch.cat([batch, batch.new_full((1, 1), value)], dim=1)
 
@@ -82,7 +92,7 @@ def reference_generate(
 
     Generation stops after an EOS token from generation_config (<|im_end|>, <|endoftext|>), which
     is included in the output as vLLM includes it, or after max_tokens. Each video is a list of
-    frames already sampled at video_fps (give vLLM the same fps, see demo.qwen_vl.video_metadata).
+    frames already sampled at video_fps (give vLLM the same fps).
     """
     base_dir = Path(base_dir).resolve()
     adapter_dir = Path(adapter_dir).resolve() if adapter_dir is not None else None

@@ -1,1 +1,0 @@
-"""Merged-weights references (Hugging Face transformers + PEFT, float32) for the served models."""
