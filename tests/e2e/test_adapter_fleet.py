@@ -301,8 +301,10 @@ def test_an_adapter_in_object_storage_is_served_replaced_and_removed(
 ):
     """A bucket prefix as a root (QWEN_VL_S3_ROOT, moto's S3-API server): each version is
     downloaded into the model's snapshot, checked, and served equal to its merged reference;
-    with the store stopped the adapter keeps serving and the root's error shows in the listing
-    and on /metrics; once it is back, the next change is picked up."""
+    a pickle and a key with '..' are refused with their reasons; a request running on version 1
+    finishes on it while version 2 replaces it; with the store stopped the adapter keeps serving
+    and the root's error shows in the listing and on /metrics; once it is back, the next change
+    is picked up."""
     from tests.s3_server import delete, upload
 
     server, bucket = object_store
@@ -310,13 +312,25 @@ def test_an_adapter_in_object_storage_is_served_replaced_and_removed(
     name = f"{PREFIX}_s3"
     v1 = qwen_adapters(qwen2_base, tmp_path / "v1", [name], seed=41) / name
     v2 = qwen_adapters(qwen2_base, tmp_path / "v2", [name], seed=42) / name
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "adapter_config.json").write_bytes((v1 / "adapter_config.json").read_bytes())
+    (pickled / "adapter_model.bin").write_bytes(b"a pickle, never loaded")
+    escape = f"{prefix}{name}_escape/../../above/adapter_model.safetensors"
     try:
         upload(client, bucket, prefix, v1)
-        command(grpc_url, "rescan")
+        upload(client, bucket, prefix, pickled, name=f"{name}_pickled")
+        client.put_object(Bucket=bucket, Key=escape, Body=b"outside its folder")
+        refused = command(grpc_url, "rescan")["refused"]
+        assert "adapter_model.bin (pickle) refused" in refused[f"{name}_pickled"], refused
+        assert "has a '..'" in refused[f"{name}_escape"], refused
         item = served(grpc_url)[name]
         assert item["path"] == f"{QWEN_VL_S3_ROOT}{name}/" and item["source"] == "root"
         expected_v1 = reference(qwen2_base, v1)
         assert ask(grpc_url, name).text == expected_v1
+        client.delete_object(Bucket=bucket, Key=escape)
+        delete(client, bucket, f"{prefix}{name}_pickled/")
+        long_v1 = Streaming(grpc_url, name).text()  # what one running across the change gives
         assert root_error_since(triton_server.metrics) == 0.0
 
         server.stop()
@@ -330,9 +344,11 @@ def test_an_adapter_in_object_storage_is_served_replaced_and_removed(
         finally:
             server.start()  # back, empty (moto keeps nothing): the bucket is written again
             client.create_bucket(Bucket=bucket)
+        running = Streaming(grpc_url, name)  # on version 1 while the bucket gets version 2
         upload(client, bucket, prefix, v2)  # new ETags: a new version
         command(grpc_url, "rescan")
         assert served(grpc_url)[name]["version"] == 2
+        assert running.text() == long_v1
         assert "error" not in command(grpc_url, "list")["roots"][1]
         expected_v2 = reference(qwen2_base, v2)
         assert expected_v2 != expected_v1  # the two versions answer differently
