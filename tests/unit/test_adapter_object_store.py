@@ -82,10 +82,12 @@ def test_each_subfolder_of_the_prefix_is_an_adapter_served_from_its_snapshot(
     upload(client, bucket, PREFIX, staged(world, "hidden"), name=".staging")
     client.put_object(Bucket=bucket, Key=f"other/c/{WEIGHTS}", Body=b"another prefix")
     engine = FakeEngine()
-    fleet = new_fleet(tmp_path, world, bucket)
+    logs = []
+    fleet = new_fleet(tmp_path, world, bucket, logs=logs)
 
     async def scenario():
-        assert sorted(fleet.names) == ["a", "b"]
+        refused = (await fleet.describe())["refused"]
+        assert sorted(fleet.names) == ["a", "b"], (refused, logs, s3.log_path.read_text()[-3000:])
         adapter = fleet.resolve("a")
         assert adapter.source == "root" and adapter.origin == f"s3://{bucket}/{PREFIX}a/"
         assert adapter.path.parent.parent == tmp_path / "snapshots"
