@@ -1,6 +1,7 @@
 """Shared fixtures: the demo models, espeak-ng speech, and ONE real tritonserver per test run."""
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -104,6 +105,7 @@ def start_triton(
     label: str,
     load_models: list[str],
     repository: Path = REPO / "model_repository",
+    environment: dict[str, str] | None = None,
 ):
     """A ready tritonserver serving `repository` (model_repository/) with explicit model control.
 
@@ -123,6 +125,7 @@ def start_triton(
             log_path=log_path,
             extra_args=["--model-control-mode=explicit", *load_models],
             dtype="float32",  # served outputs are compared with the float32 reference
+            environment=environment,
         )
         try:
             seconds = server.wait_ready(timeout_s=STARTUP_TIMEOUT_S)
@@ -153,18 +156,27 @@ QWEN_VL_ROOTS_ENV = "LORA_QWEN_VL_ADAPTER_ROOTS"  # model_repository/qwen_vl_lor
 _object_store = None
 
 
-def start_object_store(tmp_path_factory):
-    """The run's S3-API server (started once), its bucket, and the variables the server needs."""
+def server_environment(tmp_path_factory) -> dict[str, str]:
+    """The shared server's environment, set in this process too (its clients read the control
+    token and the store's address from it). Taken on the main thread before anything runs: a
+    unit test running beside the early start monkeypatches os.environ (its own S3 server's
+    address, for one), which neither the start nor the server may see, nor it theirs."""
     global _object_store
-    if _object_store is None:
-        from tests.s3_server import S3Server
+    from lora_serving.launcher import CONTROL_TOKEN_VARIABLE
+    from tests.s3_server import S3Server
 
-        server = S3Server(tmp_path_factory.mktemp("s3") / "moto.log").start()
-        server.client().create_bucket(Bucket=E2E_BUCKET)
-        os.environ.update(server.environment())
+    if _object_store is None:
+        _object_store = S3Server(tmp_path_factory.mktemp("s3") / "moto.log")
+        os.environ.update(_object_store.environment())
         os.environ[QWEN_VL_ROOTS_ENV] = QWEN_VL_S3_ROOT
-        _object_store = server
-    return _object_store
+        os.environ.setdefault(CONTROL_TOKEN_VARIABLE, secrets.token_urlsafe(24))
+    return dict(os.environ)
+
+
+def start_object_store() -> None:
+    """The run's S3-API server, started once, with its bucket."""
+    if _object_store.process is None:
+        _object_store.start().client().create_bucket(Bucket=E2E_BUCKET)
 
 
 @pytest.fixture(scope="session")
@@ -181,16 +193,23 @@ class _EarlyStart:
     def __init__(self, tmp_path_factory):
         self.server = None
         self.error: BaseException | None = None
+        environment = server_environment(tmp_path_factory)
         self._thread = threading.Thread(
-            target=self._start, args=(tmp_path_factory,), name="triton-early-start", daemon=True
+            target=self._start,
+            args=(tmp_path_factory, environment),
+            name="triton-early-start",
+            daemon=True,
         )
         self._thread.start()
 
-    def _start(self, tmp_path_factory) -> None:
+    def _start(self, tmp_path_factory, environment) -> None:
         try:
-            start_object_store(tmp_path_factory)
+            start_object_store()
             self.server = start_triton(
-                tmp_path_factory, "triton", [f"--load-model={name}" for name in _test_models()]
+                tmp_path_factory,
+                "triton",
+                [f"--load-model={name}" for name in _test_models()],
+                environment=environment,
             )
         except BaseException as err:  # re-raised by the fixture, in the test that needs it
             self.error = err
@@ -246,9 +265,13 @@ def triton_server(demo_models, tmp_path_factory):
     if _early_start is not None:
         server, _early_start = _early_start.result(), None
     else:
-        start_object_store(tmp_path_factory)
+        environment = server_environment(tmp_path_factory)
+        start_object_store()
         server = start_triton(
-            tmp_path_factory, "triton", [f"--load-model={name}" for name in _test_models()]
+            tmp_path_factory,
+            "triton",
+            [f"--load-model={name}" for name in _test_models()],
+            environment=environment,
         )
     try:
         yield server

@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from lora_serving import dtype_choice, weights_choice
@@ -32,8 +33,10 @@ def py_spy() -> str | None:
     return str(local) if local.exists() else shutil.which("py-spy")
 
 
-def server_environment() -> dict[str, str]:
-    env = dict(os.environ)
+def server_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """tritonserver's environment: `base` (this process's environment when None) plus what
+    the stubs need."""
+    env = dict(os.environ if base is None else base)
     venv_bin = str(Path(sys.executable).parent)
     libs = [sysconfig.get_config_var("LIBDIR"), str(TRITON_DIR / "lib")]
     if env.get("LD_LIBRARY_PATH"):
@@ -89,16 +92,22 @@ class TritonServer:
         log_path: Path | None = None,
         dtype: str | None = None,
         weights: str | None = None,
+        environment: Mapping[str, str] | None = None,
     ):
         """`dtype`: every model's float type for this run (lora_serving.dtype_choice); None:
         model.json's, unless the caller's environment sets LORA_SERVING_DTYPE. `weights`: float
-        or int8 (lora_serving.weights_choice); None: LORA_SERVING_WEIGHTS or float."""
+        or int8 (lora_serving.weights_choice); None: LORA_SERVING_WEIGHTS or float.
+        `environment`: what tritonserver starts from instead of this process's environment
+        (taken by a caller that starts the server from a thread while os.environ may change)."""
         self.http, self.grpc, self.metrics = http, grpc, metrics
         # The models' adapter control token (serving.adapters.control_token_env): one per
         # process unless given. tritonserver inherits it, and so do this process's own clients
         # (lora_client's adapter_command, benches) and the front it starts (its admin API).
-        os.environ.setdefault(CONTROL_TOKEN_VARIABLE, secrets.token_urlsafe(24))
-        environment = server_environment()
+        if environment is None:
+            os.environ.setdefault(CONTROL_TOKEN_VARIABLE, secrets.token_urlsafe(24))
+        elif CONTROL_TOKEN_VARIABLE not in environment:
+            raise ValueError(f"environment has no {CONTROL_TOKEN_VARIABLE}")
+        environment = server_environment(environment)
         if dtype is not None:
             environment[dtype_choice.VARIABLE] = dtype
         if weights is not None:

@@ -39,6 +39,30 @@ def test_the_launcher_hands_the_runs_choice_to_tritonserver(
     assert variable not in seen
 
 
+def test_a_given_environment_is_what_tritonserver_starts_from(monkeypatch):
+    """The test session takes the server's environment before unit tests run beside its start
+    (they monkeypatch os.environ): what they set then must not reach the server."""
+    from lora_serving.launcher import CONTROL_TOKEN_VARIABLE
+
+    seen = {}
+
+    class Recorder:
+        def __init__(self, command, env, **kwargs):
+            seen.update(env)
+
+    monkeypatch.setattr("lora_serving.launcher.server_command", lambda *a: ["true"])
+    monkeypatch.setattr("lora_serving.launcher.subprocess.Popen", Recorder)
+    taken = {CONTROL_TOKEN_VARIABLE: "token-taken-earlier", "AWS_ENDPOINT_URL": "http://shared"}
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://a-unit-tests-own")
+    monkeypatch.setenv(CONTROL_TOKEN_VARIABLE, "a-unit-tests-own")
+    TritonServer("repo", environment=taken)
+    assert seen["AWS_ENDPOINT_URL"] == "http://shared"
+    assert seen[CONTROL_TOKEN_VARIABLE] == "token-taken-earlier"
+    assert "LD_LIBRARY_PATH" in seen  # still what the stubs need
+    with pytest.raises(ValueError, match=CONTROL_TOKEN_VARIABLE):
+        TritonServer("repo", environment={})  # a server whose token no client would know
+
+
 CHILD = textwrap.dedent(
     """
     import time
