@@ -7,6 +7,8 @@ are called directly.
 
 import importlib
 import logging
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -323,3 +325,19 @@ def test_whisper_decoder_prompt_is_used_as_given():
     prefixed = build_enc_dec_input(encoder, dict(decoder), sot)
     assert kept["decoder_prompt"]["prompt_token_ids"] == [prev, 1, 2, sot]
     assert prefixed["decoder_prompt"]["prompt_token_ids"] == [sot, prev, 1, 2, sot]
+
+
+def test_fixes_table_names_every_fix_module_once_and_the_docs_table_matches_it():
+    """register() applies FIXES only: a fix module left out of it would never run, and the
+    docs' table is the one readers see."""
+    package = Path(plugin.__file__).parent
+    with_apply = sorted(
+        file.stem for file in package.glob("*.py") if "\ndef apply(" in file.read_text()
+    )
+    names = [fix.module for fix in plugin.FIXES]
+    assert sorted(names) == with_apply and len(set(names)) == len(names)
+    order = names.index("whisper_encoder_memo") < names.index("whisper_cross_kv_memo")
+    assert order  # the K/V memo wraps the encoder memo's wrapper
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "vllm-plugin.md").read_text()
+    documented = re.findall(r"^\| `(\w+)` \|", docs, flags=re.MULTILINE)
+    assert sorted(documented) == sorted(names)
