@@ -241,3 +241,26 @@ def test_a_client_gone_mid_turn_leaves_no_engine_work(live, recording, triton_se
         10,
         "the engine still runs the decode of a closed session",
     )
+
+
+def test_lora_client_live_prints_each_turn(front, speech):  # noqa: F811
+    done = subprocess.run(
+        [
+            str(REPO / ".venv" / "bin" / "lora-client"),
+            "live",
+            str(speech(SENTENCES[0])),
+            "--adapter",
+            "alpha",
+            "--speed",
+            "3",
+            "--openai-url",
+            front,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    turns = [line for line in done.stdout.splitlines() if line.startswith("[turn ")]
+    assert len(turns) == 1, done.stdout
+    assert "quick brown fox" in turns[0].lower(), done.stdout

@@ -221,3 +221,21 @@ def test_openai_transcription_session_with_manual_commits(client):
     assert completed["item_id"] == committed["item_id"] == delta["item_id"]
     assert delta["delta"] == completed["transcript"] == " Hello world."
     assert completed["usage"] == {"type": "duration", "seconds": 0.2}
+
+
+def test_the_handshake_needs_a_key_when_keys_are_configured():
+    from starlette.testclient import WebSocketDenialResponse
+
+    from lora_openai.auth import ApiKeyAuth, Tenancy
+
+    tenancy = Tenancy(api_key="secret")
+    app = ApiKeyAuth(create_app(FrontSettings(), FakeGateway, tenancy=tenancy), tenancy)
+    with TestClient(app) as client:
+        with pytest.raises(WebSocketDenialResponse) as refused:
+            with client.websocket_connect("/v1/realtime", headers={"Authorization": "Bearer no"}):
+                pass
+        assert refused.value.status_code == 401
+        assert refused.value.json()["error"]["code"] == "invalid_api_key"
+        headers = {"Authorization": "Bearer secret"}
+        with client.websocket_connect("/v1/realtime", headers=headers) as ws:
+            assert ws.receive_json()["type"] == "session.created"
