@@ -264,3 +264,24 @@ def test_lora_client_live_prints_each_turn(front, speech):  # noqa: F811
     turns = [line for line in done.stdout.splitlines() if line.startswith("[turn ")]
     assert len(turns) == 1, done.stdout
     assert "quick brown fox" in turns[0].lower(), done.stdout
+
+
+def test_the_openai_sdk_realtime_client_transcribes_a_committed_turn(sdk, recording, tmp_path):
+    pcm = recording[24000].read_bytes()[: int(4.5 * 24000) * 2]  # the lead and sentence one
+    part = tmp_path / "part.pcm"
+    part.write_bytes(pcm)
+    session = openai_update(ADAPTER, turn_detection=None)["session"]
+    (received, reference) = sdk(
+        call("realtime_transcribe", pcm=str(part), session=session),
+        call(
+            "transcribe",
+            file=write_wav(tmp_path / "part.wav", pcm, 24000),
+            model=ADAPTER,
+            language="en",
+        ),
+    )
+    kinds = [event["type"] for event in ok(received)]
+    assert kinds[:2] == ["session.created", "session.updated"], kinds
+    assert "input_audio_buffer.committed" in kinds, kinds
+    assert ok(received)[-1]["type"] == COMPLETED, ok(received)[-1]
+    assert ok(received)[-1]["transcript"] == ok(reference)["text"]
