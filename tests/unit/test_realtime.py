@@ -1,6 +1,7 @@
 """/v1/realtime's pure parts (local agreement, server_vad turns, event checks) and its two
 protocols end to end in process, with test_openai_front's fake gateway (no server)."""
 
+import asyncio
 import base64
 import json
 
@@ -239,3 +240,29 @@ def test_the_handshake_needs_a_key_when_keys_are_configured():
         headers = {"Authorization": "Bearer secret"}
         with client.websocket_connect("/v1/realtime", headers=headers) as ws:
             assert ws.receive_json()["type"] == "session.created"
+
+
+def test_a_new_rate_keeps_the_session_time_and_limits_end_the_session():
+    asyncio.run(_new_rate_and_limits())
+
+
+async def _new_rate_and_limits():
+    from lora_openai.realtime.session import LiveSession, RealtimeLimits, SessionOver
+
+    sent = []
+
+    async def send(event):
+        sent.append(event)
+
+    async def transcribe(pcm, rate, config, final):
+        return " text"
+
+    limits = RealtimeLimits(max_session_s=3, max_ahead_s=100)
+    session = LiveSession(OPENAI, SessionConfig(turn_detection=None), send, transcribe, limits)
+    await session.append(bytes(24000 * 2))  # 1 s at 24 kHz
+    session.reconfigure(SessionConfig(rate=16000, turn_detection=None))
+    assert session._position_ms == 1000
+    await session.append(bytes(16000 * 2))
+    with pytest.raises(SessionOver, match="realtime_max_session_s"):
+        await session.append(bytes(16000 * 2 + 2))
+    await session.close()

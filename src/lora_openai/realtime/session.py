@@ -107,16 +107,14 @@ class LiveSession:
             self.config.rate,
             self.config.turn_detection,
         )
+        position_ms = self._position_ms  # at the old rate
         self.config = config
         if changed:
             self._drop_turn()
-            self._received_samples = self._position_ms * config.rate // 1000
+            self._received_samples = position_ms * config.rate // 1000
             self._reset_buffer()
-            self._detector = (
-                TurnDetector(config.turn_detection, self._position_ms)
-                if (config.turn_detection)
-                else None
-            )
+            vad = config.turn_detection
+            self._detector = TurnDetector(vad, position_ms) if vad else None
 
     async def append(self, pcm: bytes) -> None:
         await self._pace(len(pcm) // 2)
@@ -280,6 +278,15 @@ class LiveSession:
                 raise
             except ProtocolError as err:
                 await self._send(events.error_event(self.protocol, err))
+                continue
+            except Exception as err:  # the next turns still get their decode
+                log.exception("realtime turn %s: decode failed", turn.item_id)
+                failure = ProtocolError(
+                    f"transcription failed: {err}",
+                    "transcription_failed",
+                    error_type="server_error",
+                )
+                await self._send(events.error_event(self.protocol, failure))
                 continue
             rest = turn.agreement.finish(text)
             if rest:
