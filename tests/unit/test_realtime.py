@@ -266,3 +266,50 @@ async def _new_rate_and_limits():
     with pytest.raises(SessionOver, match="realtime_max_session_s"):
         await session.append(bytes(16000 * 2 + 2))
     await session.close()
+
+
+def test_an_idle_session_gets_an_error_naming_the_limit_and_is_closed():
+    from starlette.websockets import WebSocketDisconnect
+
+    app = create_app(FrontSettings(realtime_idle_timeout_s=0.2), FakeGateway)
+    with TestClient(app) as client, client.websocket_connect("/v1/realtime") as ws:
+        assert ws.receive_json()["type"] == "session.created"
+        error = ws.receive_json()
+        assert error["code"] == "idle_timeout" and "realtime_idle_timeout_s" in error["error"]
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1008
+
+
+def test_a_long_turn_is_ended_at_the_limit_and_a_fast_client_waits():
+    asyncio.run(_long_turn_and_pacing())
+
+
+async def _long_turn_and_pacing():
+    import time
+
+    from lora_openai.realtime.session import LiveSession, RealtimeLimits
+
+    sent = []
+
+    async def send(event):
+        sent.append(event)
+
+    async def transcribe(pcm, rate, config, final):
+        return " text"
+
+    limits = RealtimeLimits(max_turn_s=1.0, max_ahead_s=0.5, partial_every_s=100)
+    config = SessionConfig(rate=16000, turn_detection=None)
+    session = LiveSession(OPENAI, config, send, transcribe, limits)
+    began = time.monotonic()
+    await session.append(bytes(16000 * 2 * 6 // 10))  # 0.6 s: 0.1 s ahead of the allowance
+    await session.append(bytes(16000 * 2 * 6 // 10))  # 1.2 s: over the turn limit
+    assert time.monotonic() - began >= 0.6  # waited until at most 0.5 s ahead of real time
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    kinds = [event["type"] for event in sent]
+    assert kinds[:2] == ["error", "input_audio_buffer.committed"], kinds
+    assert sent[0]["error"]["code"] == "buffer_limit"
+    assert "realtime_max_turn_s" in sent[0]["error"]["message"]
+    assert kinds[-1] == "conversation.item.input_audio_transcription.completed"
+    await session.close()
