@@ -12,10 +12,13 @@ lora-client describe --video f0.png f1.png f2.png --video-fps 2 --prompt "What h
 lora-client list-adapters [--model qwen_vl_lora] [--json]
 lora-client transcribe|describe ... --show curl|openai   the same request through the OpenAI API
 lora-client adapters rescan|load NAME [PATH]|unload NAME --model qwen_vl_lora
+lora-client live speech.wav [--adapter alpha] [--language en] [--openai-url http://...:9000/v1]
+                 stream a file to lora-openai's /v1/realtime in real time: deltas, then turns
 """
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -197,6 +200,32 @@ def _show(args) -> None:
     print(show(base, body, list(args.images)))
 
 
+def _live(args) -> int:
+    import asyncio
+
+    from lora_client import live
+
+    base = args.openai_url.rstrip("/")
+    url = base.replace("https://", "wss://").replace("http://", "ws://") + "/realtime"
+    model = openai_examples.model_id(args.model, args.adapter)
+    try:
+        asyncio.run(
+            live.stream(
+                url,
+                model,
+                args.file,
+                api_key=args.api_key,
+                language=args.language,
+                silence_ms=args.silence_ms,
+                speed=args.speed,
+            )
+        )
+    except (OSError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lora-client", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -278,6 +307,23 @@ def main(argv: list[str] | None = None) -> int:
     describe.add_argument("--video-fps", type=float, help="frames per second of --video")
     describe.add_argument("--system-prompt")
     _common(describe)
+    live = commands.add_parser(
+        "live", help="stream a speech file to lora-openai's /v1/realtime in real time"
+    )
+    live.add_argument("file", type=Path)
+    live.add_argument("--adapter", help="LoRA adapter name (default: the base model)")
+    live.add_argument("--model", default="whisper_lora", help="Triton model name")
+    live.add_argument("--language", help="language code (default: detect)")
+    live.add_argument(
+        "--silence-ms", type=int, default=500, help="silence that ends a turn (server VAD)"
+    )
+    live.add_argument("--speed", type=float, default=1.0, help="times real time (default 1)")
+    live.add_argument(
+        "--openai-url",
+        default=openai_examples.DEFAULT_BASE_URL,
+        help=f"lora-openai's base URL (default {openai_examples.DEFAULT_BASE_URL})",
+    )
+    live.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
     listing = commands.add_parser("list-adapters", help="each model's adapters and their state")
     adapters = commands.add_parser("adapters", help="list, rescan, load or unload adapters")
     adapters.add_argument("action", choices=["list", "rescan", "load", "unload"])
@@ -291,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--json", action="store_true", help="print the JSON answer")
     listing.set_defaults(arguments=[])
     args = parser.parse_args(argv)
+    if args.command == "live":
+        return _live(args)
     url = args.url or DEFAULT_URL[args.protocol]
 
     try:

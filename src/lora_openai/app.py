@@ -24,6 +24,7 @@ from lora_openai.errors import OpenAIError
 from lora_openai.front import Front, FrontSettings, MiB
 from lora_openai.limits import BodySizeLimit
 from lora_openai.models import ModelCatalog
+from lora_openai.realtime import vad as realtime_vad
 from lora_openai.routers import ROUTERS
 from lora_openai.triton import TritonGateway
 
@@ -46,6 +47,7 @@ def create_app(
         async with anyio.create_task_group():
             pass
         await asyncio.to_thread(_read_endpoint_sources, app)
+        await asyncio.to_thread(realtime_vad.load)  # not on a live session's first frame
         front.gateway = gateway_factory(settings.triton_url)
         front.catalog = ModelCatalog(front.gateway, ttl_s=settings.models_ttl_s)
         front.load = load_reader_factory(settings.triton_metrics_url)

@@ -117,6 +117,23 @@ async def _send_error(send, error: OpenAIError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+async def _deny_websocket(scope, receive, send, error: OpenAIError) -> None:
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = json.dumps(error.body()).encode()
+        headers = [(b"content-type", b"application/json")]
+        if error.status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send(
+            {"type": "websocket.http.response.start", "status": error.status, "headers": headers}
+        )
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008, "reason": error.message[:120]})
+
+
 def _category(path: str) -> str:
     if path in OPEN_PATHS:
         return "open"
@@ -133,6 +150,8 @@ class ApiKeyAuth:
         self.tenancy = tenancy
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket":
+            return await self._websocket(scope, receive, send)
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         category = _category(scope["path"])
@@ -166,6 +185,25 @@ class ApiKeyAuth:
         finally:
             key = caller.name if caller else NO_KEY
             self.tenancy.usage.request(key, state.get("model", ""), status)
+
+    async def _websocket(self, scope, receive, send):
+        """A WebSocket handshake (/v1/realtime) is a tenant request: the key comes as the
+        openai SDK sends it (`Authorization: Bearer`); a refusal is the handshake's HTTP answer
+        (OpenAI's error body where the server can send one, else a plain 403)."""
+        state = scope.setdefault("state", {})
+        caller, refusal = self._caller(scope, "tenant")
+        try:
+            if refusal is None:
+                state["caller"] = caller
+                if caller.key is None:
+                    return await self.app(scope, receive, send)
+                with self.tenancy.limits.request(caller.key):
+                    return await self.app(scope, receive, send)
+        except LimitExceeded as err:
+            refusal = err
+        log.info("WebSocket %s refused: %s", scope["path"], refusal.message)
+        self.tenancy.usage.request(caller.name if caller else NO_KEY, "", refusal.status)
+        await _deny_websocket(scope, receive, send, refusal)
 
     def _caller(self, scope, category: str) -> tuple[Caller | None, OpenAIError | None]:
         """(the caller, None) or (who it is if known, the refusal: 401 for a missing or wrong

@@ -57,6 +57,24 @@ def main(argv: list[str] | None = None) -> int:
         "cannot send one; it names every key and model id, so keep it from tenants at the "
         "gateway); by default it then needs an admin key",
     )
+    parser.add_argument(
+        "--realtime-max-session-s",
+        type=float,
+        default=900,
+        help="/v1/realtime: audio seconds one session may send (then an error event and close)",
+    )
+    parser.add_argument(
+        "--realtime-max-turn-s",
+        type=float,
+        default=60,
+        help="/v1/realtime: audio one turn may buffer; the turn is ended and transcribed there",
+    )
+    parser.add_argument(
+        "--realtime-idle-timeout-s",
+        type=float,
+        default=60,
+        help="/v1/realtime: a session with no client event for this long is closed",
+    )
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -70,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         api_key=args.api_key,
         api_keys_file=args.api_keys_file,
         open_metrics=args.open_metrics,
+        realtime_max_session_s=args.realtime_max_session_s,
+        realtime_max_turn_s=args.realtime_max_turn_s,
+        realtime_idle_timeout_s=args.realtime_idle_timeout_s,
         # Never a flag (command lines are public): the same variable tritonserver reads.
         triton_control_token=os.environ.get("LORA_CONTROL_TOKEN") or None,
     )

@@ -31,6 +31,10 @@ class FrontSettings:
     open_metrics: bool = False  # --open-metrics: /metrics needs no admin key even with keys
     # Sent with the admin API's load / unload commands (the models' control token).
     triton_control_token: str | None = None
+    # /v1/realtime per-session limits (lora_openai.realtime.session.RealtimeLimits).
+    realtime_max_session_s: float = 900.0
+    realtime_max_turn_s: float = 60.0
+    realtime_idle_timeout_s: float = 60.0
 
     def control_parameters(self) -> dict | None:
         token = self.triton_control_token

@@ -45,6 +45,27 @@ def cancel_stream(client, args: dict):
     return read
 
 
+def realtime_transcribe(client, args: dict):
+    """A transcription session with the SDK's realtime client: `pcm` (PCM16 24 kHz file) sent
+    in 40 ms appends, then one manual commit; the server events up to the completed item."""
+    import base64
+
+    pcm = Path(args["pcm"]).read_bytes()
+    received = []
+    with client.realtime.connect(extra_query={"intent": "transcription"}) as connection:
+        connection.session.update(session=args["session"])
+        chunk = 24000 * 40 // 1000 * 2
+        for offset in range(0, len(pcm), chunk):
+            audio = base64.b64encode(pcm[offset : offset + chunk]).decode()
+            connection.input_audio_buffer.append(audio=audio)
+        connection.input_audio_buffer.commit()
+        for event in connection:
+            received.append(dump(event))
+            if event.type in ("conversation.item.input_audio_transcription.completed", "error"):
+                break
+    return received
+
+
 OPS = {
     "models": lambda client, args: [model.id for model in client.models.list().data],
     "transcribe": lambda client, args: speech(client, "transcriptions", args),
@@ -52,6 +73,7 @@ OPS = {
     "chat": lambda client, args: dump(client.chat.completions.create(**args)),
     "chat_stream": chat_stream,
     "cancel_stream": cancel_stream,
+    "realtime_transcribe": realtime_transcribe,
 }
 
 
