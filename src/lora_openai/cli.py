@@ -75,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         default=60,
         help="/v1/realtime: a session with no client event for this long is closed",
     )
+    parser.add_argument(
+        "--realtime-max-partial-decodes",
+        type=int,
+        default=2,
+        help="/v1/realtime: partial decodes (previews of a turn being spoken) in flight across "
+        "every session; none start while a session's ended turn waits for its decode",
+    )
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -91,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         realtime_max_session_s=args.realtime_max_session_s,
         realtime_max_turn_s=args.realtime_max_turn_s,
         realtime_idle_timeout_s=args.realtime_idle_timeout_s,
+        realtime_max_partial_decodes=args.realtime_max_partial_decodes,
         # Never a flag (command lines are public): the same variable tritonserver reads.
         triton_control_token=os.environ.get("LORA_CONTROL_TOKEN") or None,
     )

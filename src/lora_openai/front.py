@@ -35,6 +35,8 @@ class FrontSettings:
     realtime_max_session_s: float = 900.0
     realtime_max_turn_s: float = 60.0
     realtime_idle_timeout_s: float = 60.0
+    # Partial decodes (previews) in flight across sessions (realtime.session.DecodeBudget).
+    realtime_max_partial_decodes: int = 2
 
     def control_parameters(self) -> dict | None:
         token = self.triton_control_token

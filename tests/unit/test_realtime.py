@@ -313,3 +313,51 @@ async def _long_turn_and_pacing():
     assert "realtime_max_turn_s" in sent[0]["error"]["message"]
     assert kinds[-1] == "conversation.item.input_audio_transcription.completed"
     await session.close()
+
+
+def test_partial_decodes_give_way_to_ended_turns_across_sessions():
+    asyncio.run(_partials_give_way())
+
+
+async def _partials_give_way():
+    from lora_openai.realtime.session import DecodeBudget, LiveSession, RealtimeLimits
+
+    calls, release = [], asyncio.Event()
+
+    async def send(event):
+        pass
+
+    async def transcribe(pcm, rate, config, final):
+        calls.append(("final" if final else "partial", len(pcm) // 2 // rate))
+        if final:
+            await release.wait()  # the ended turn stays in its decode until released
+        return " text"
+
+    budget = DecodeBudget(max_partials=1)
+    limits = RealtimeLimits(partial_every_s=1.0, max_ahead_s=100)
+    config = SessionConfig(rate=16000, turn_detection=None)
+    a = LiveSession(OPENAI, config, send, transcribe, limits, budget)
+    b = LiveSession(OPENAI, config, send, transcribe, limits, budget)
+    second = bytes(16000 * 2)
+
+    await a.append(second)  # a's turn reached 1 s: a partial starts
+    await b.append(second)  # the budget's one partial is a's: b waits
+    await asyncio.sleep(0.01)
+    assert calls == [("partial", 1)] and budget.partials == 0  # a's partial is done
+
+    await a.commit()  # a's turn ended: its final decode is in flight
+    await asyncio.sleep(0.01)
+    await b.append(second)  # b's turn at 2 s, due, but a's ended turn comes first
+    await asyncio.sleep(0.01)
+    assert calls == [("partial", 1), ("final", 1)] and a.final_pending
+
+    release.set()
+    await asyncio.sleep(0.01)
+    assert not a.final_pending
+    await b.append(bytes(16000 * 2 // 10))  # the next chunk: b's partial may start now
+    await asyncio.sleep(0.01)
+    assert calls[-1] == ("partial", 2)
+
+    await a.close()
+    await b.close()
+    assert budget.sessions == set() and budget.partials == 0

@@ -21,7 +21,7 @@ from lora_openai.front import Front, FrontSettings
 from lora_openai.models import ModelId
 from lora_openai.realtime import events
 from lora_openai.realtime.events import OPENAI, VLLM, ProtocolError, SessionConfig
-from lora_openai.realtime.session import LiveSession, RealtimeLimits, SessionOver
+from lora_openai.realtime.session import DecodeBudget, LiveSession, RealtimeLimits, SessionOver
 from lora_openai.realtime.transcribe import as_protocol_error, transcribe
 
 log = logging.getLogger("lora_openai")
@@ -38,6 +38,14 @@ async def realtime(websocket: WebSocket):
         await connection.run()
     finally:
         await connection.close()
+
+
+def budget_of(websocket: WebSocket, settings: FrontSettings) -> DecodeBudget:
+    """The app's one DecodeBudget, shared by its sessions."""
+    state = websocket.app.state
+    if getattr(state, "realtime_budget", None) is None:
+        state.realtime_budget = DecodeBudget(settings.realtime_max_partial_decodes)
+    return state.realtime_budget
 
 
 def limits_of(settings: FrontSettings) -> RealtimeLimits:
@@ -57,7 +65,12 @@ class _Connection:
         self.model: ModelId | None = None
         config = events.VLLM_SESSION if protocol == VLLM else SessionConfig()
         self.session = LiveSession(
-            protocol, config, self.send, self._transcribe, limits_of(front.settings)
+            protocol,
+            config,
+            self.send,
+            self._transcribe,
+            limits_of(front.settings),
+            budget_of(websocket, front.settings),
         )
 
     async def send(self, event: dict) -> None:

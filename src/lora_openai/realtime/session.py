@@ -10,7 +10,8 @@ prefix (lora_openai.realtime.agreement) goes out as deltas. At the turn's end it
 partial decode is cancelled (superseded) and the turn joins the final queue: one worker decodes
 turns in order, sends the rest of the text as a last delta, then the completed event. The queue
 is bounded and a client that sends faster than real time is slowed down (the reader waits), so
-nothing is buffered without bound.
+nothing is buffered without bound. Partial decodes are previews and give way to completed turns
+across every session of the front (DecodeBudget).
 """
 
 import asyncio
@@ -42,6 +43,30 @@ class RealtimeLimits:
     max_pending_turns: int = 4  # ended turns waiting for their decode before the reader waits
 
 
+class DecodeBudget:
+    """The front's partial decodes, across every session: one starts only while fewer than
+    `max_partials` run and no session has an ended turn waiting for (or in) its decode. On 2 CPU
+    cores, four sessions re-decoding their turns every second kept completed turns waiting
+    10 s; under load the text now comes with the turn's end instead of as earlier previews."""
+
+    def __init__(self, max_partials: int = 2):
+        self.max_partials = max_partials
+        self.partials = 0
+        self.sessions: set[LiveSession] = set()
+
+    def partial_may_start(self) -> bool:
+        if self.partials >= self.max_partials:
+            return False
+        return not any(session.final_pending for session in self.sessions)
+
+    def partial_started(self, task: asyncio.Task) -> None:
+        self.partials += 1
+        task.add_done_callback(self._partial_ended)  # runs for a task cancelled unstarted too
+
+    def _partial_ended(self, _task) -> None:
+        self.partials -= 1
+
+
 class SessionOver(Exception):
     """A limit that ends the session: the router closes the socket with this reason."""
 
@@ -66,6 +91,7 @@ class LiveSession:
         send: Send,
         transcribe: Transcribe,
         limits: RealtimeLimits,
+        budget: DecodeBudget | None = None,
     ):
         self.protocol = protocol
         self.config = config
@@ -85,7 +111,15 @@ class LiveSession:
         self._partial: asyncio.Task | None = None
         self._partial_bytes = 0
         self._finals: asyncio.Queue = asyncio.Queue(maxsize=limits.max_pending_turns)
+        self._decoding_final = False
+        self._budget = budget or DecodeBudget()
+        self._budget.sessions.add(self)
         self._worker = asyncio.create_task(self._final_worker())
+
+    @property
+    def final_pending(self) -> bool:
+        """An ended turn waits for its decode, or is being decoded."""
+        return self._decoding_final or not self._finals.empty()
 
     # ---- positions ------------------------------------------------------------------------------
     @property
@@ -170,6 +204,7 @@ class LiveSession:
 
     async def close(self) -> None:
         """The socket is gone: cancel every decode (their Triton requests are cancelled)."""
+        self._budget.sessions.discard(self)
         tasks = [task for task in (self._partial, self._worker) if task is not None]
         for task in tasks:
             task.cancel()
@@ -246,9 +281,12 @@ class LiveSession:
         due = turn_bytes - self._partial_bytes >= self.limits.partial_every_s * self.config.rate * 2
         if not due or (self._partial is not None and not self._partial.done()):
             return
+        if not self._budget.partial_may_start():
+            return  # tried again with the next chunk
         self._partial_bytes = turn_bytes
         pcm = bytes(self._buffer[self._offset(turn.start_ms) :])
         self._partial = asyncio.create_task(self._partial_decode(turn, pcm, self.config))
+        self._budget.partial_started(self._partial)
 
     def _cancel_partial(self) -> None:
         if self._partial is not None and not self._partial.done():
@@ -271,29 +309,36 @@ class LiveSession:
     async def _final_worker(self) -> None:
         while True:
             turn, pcm, config = await self._finals.get()
-            seconds = len(pcm) / 2 / config.rate
+            self._decoding_final = True
             try:
-                text = await self._transcribe(pcm, config.rate, config, True)
-            except asyncio.CancelledError:
-                raise
-            except ProtocolError as err:
-                await self._send(events.error_event(self.protocol, err))
-                continue
-            except Exception as err:  # the next turns still get their decode
-                log.exception("realtime turn %s: decode failed", turn.item_id)
-                failure = ProtocolError(
-                    f"transcription failed: {err}",
-                    "transcription_failed",
-                    error_type="server_error",
-                )
-                await self._send(events.error_event(self.protocol, failure))
-                continue
-            rest = turn.agreement.finish(text)
-            if rest:
-                await self._send(self._delta(turn, rest))
-            elif turn.agreement.sent != text:
-                log.warning("realtime turn %s: the final text changed a sent delta", turn.item_id)
-            await self._send(self._completed(turn, text, seconds))
+                await self._final_decode(turn, pcm, config)
+            finally:
+                self._decoding_final = False
+
+    async def _final_decode(self, turn: Turn, pcm: bytes, config: SessionConfig) -> None:
+        seconds = len(pcm) / 2 / config.rate
+        try:
+            text = await self._transcribe(pcm, config.rate, config, True)
+        except asyncio.CancelledError:
+            raise
+        except ProtocolError as err:
+            await self._send(events.error_event(self.protocol, err))
+            return
+        except Exception as err:  # the next turns still get their decode
+            log.exception("realtime turn %s: decode failed", turn.item_id)
+            failure = ProtocolError(
+                f"transcription failed: {err}",
+                "transcription_failed",
+                error_type="server_error",
+            )
+            await self._send(events.error_event(self.protocol, failure))
+            return
+        rest = turn.agreement.finish(text)
+        if rest:
+            await self._send(self._delta(turn, rest))
+        elif turn.agreement.sent != text:
+            log.warning("realtime turn %s: the final text changed a sent delta", turn.item_id)
+        await self._send(self._completed(turn, text, seconds))
 
     def _delta(self, turn: Turn, delta: str) -> dict:
         if self.protocol == VLLM:
