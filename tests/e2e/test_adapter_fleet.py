@@ -301,10 +301,10 @@ def test_an_adapter_in_object_storage_is_served_replaced_and_removed(
 ):
     """A bucket prefix as a root (QWEN_VL_S3_ROOT, moto's S3-API server): each version is
     downloaded into the model's snapshot, checked, and served equal to its merged reference;
-    a pickle and a key with '..' are refused with their reasons; a request running on version 1
-    finishes on it while version 2 replaces it; with the store stopped the adapter keeps serving
-    and the root's error shows in the listing and on /metrics; once it is back, the next change
-    is picked up."""
+    a pickle, a rank over max_lora_rank and a key with '..' are refused with their reasons; a
+    request running on version 1 finishes on it while version 2 replaces it; with the store
+    stopped the adapter keeps serving and the root's error shows in the listing and on
+    /metrics; once it is back, the next change is picked up."""
     from tests.s3_server import delete, upload
 
     server, bucket = object_store
@@ -312,6 +312,7 @@ def test_an_adapter_in_object_storage_is_served_replaced_and_removed(
     name = f"{PREFIX}_s3"
     v1 = qwen_adapters(qwen2_base, tmp_path / "v1", [name], seed=41) / name
     v2 = qwen_adapters(qwen2_base, tmp_path / "v2", [name], seed=42) / name
+    too_wide = qwen_adapters(qwen2_base, tmp_path / "wide", [name], seed=43, rank=32) / name
     pickled = tmp_path / "pickled"
     pickled.mkdir()
     (pickled / "adapter_config.json").write_bytes((v1 / "adapter_config.json").read_bytes())
@@ -320,16 +321,19 @@ def test_an_adapter_in_object_storage_is_served_replaced_and_removed(
     try:
         upload(client, bucket, prefix, v1)
         upload(client, bucket, prefix, pickled, name=f"{name}_pickled")
+        upload(client, bucket, prefix, too_wide, name=f"{name}_wide")
         client.put_object(Bucket=bucket, Key=escape, Body=b"outside its folder")
         refused = command(grpc_url, "rescan")["refused"]
         assert "adapter_model.bin (pickle) refused" in refused[f"{name}_pickled"], refused
         assert "has a '..'" in refused[f"{name}_escape"], refused
+        assert "rank 32 exceeds max_lora_rank 16" in refused[f"{name}_wide"], refused
         item = served(grpc_url)[name]
         assert item["path"] == f"{QWEN_VL_S3_ROOT}{name}/" and item["source"] == "root"
         expected_v1 = reference(qwen2_base, v1)
         assert ask(grpc_url, name).text == expected_v1
         client.delete_object(Bucket=bucket, Key=escape)
         delete(client, bucket, f"{prefix}{name}_pickled/")
+        delete(client, bucket, f"{prefix}{name}_wide/")
         long_v1 = Streaming(grpc_url, name).text()  # what one running across the change gives
         assert root_error_since(triton_server.metrics) == 0.0
 
