@@ -31,7 +31,7 @@ import soxr
 
 from lora_serving.launcher import REPO_ROOT, OpenAIFront, TritonServer
 
-RATE = 24000
+RATE = 24000  # lora_client.live's: OpenAI's audio/pcm
 CHUNK_MS = 40
 SENTENCES = (
     "The quick brown fox jumps over the lazy dog.",
@@ -69,19 +69,9 @@ async def session(url: str, pcm: bytes, spans, delay_s: float) -> dict:
     import websockets
 
     await asyncio.sleep(delay_s)
-    update = {
-        "type": "session.update",
-        "session": {
-            "type": "transcription",
-            "audio": {
-                "input": {
-                    "format": {"type": "audio/pcm", "rate": RATE},
-                    "transcription": {"model": MODEL, "language": "en"},
-                    "turn_detection": {"type": "server_vad", "silence_duration_ms": 500},
-                }
-            },
-        },
-    }
+    from lora_client.live import session_update
+
+    update = session_update(MODEL, "en", silence_ms=500)
     deltas: dict[str, list[tuple[float, str]]] = {}
     completed: list[tuple[str, float, str]] = []
     async with websockets.connect(f"{url}?intent=transcription", max_size=None) as ws:
