@@ -54,7 +54,7 @@ def test_session_latencies_from_its_turns():
     turns = [
         turn(0.2, 3.0, 4.52, "One.", [(1.52, "One"), (4.52, ".")]),
         turn(3.7, 6.5, 7.04, "Two.", [(7.04, "Two.")]),  # only the final delta: no partial
-        turn(7.2, 10.0, 11.52, "Three.", [(8.54, "Thr"), (11.52, "ee!")]),  # retracted
+        turn(7.2, 10.0, 11.52, "Three.", [(8.52, "Thr"), (11.52, "ee!")]),  # retracted
     ]
     found = rr.session_numbers(turns, SPANS)
     assert found["one_turn_per_sentence"] and found["turns"] == 3
