@@ -62,6 +62,7 @@ def test_session_latencies_from_its_turns():
     assert found["speech_to_first_delta"] == pytest.approx([1.0, 1.0])
     assert found["retracted"] == 1
     assert found["texts"] == ["One.", "Two.", "Three."]
+    assert found["turn_spans"] == [[0.2, 3.0], [3.7, 6.5], [7.2, 10.0]]
 
 
 def test_a_merged_turn_counts_as_a_turn_but_gives_no_latency():
@@ -145,3 +146,19 @@ def test_wav_bytes_is_a_24k_mono_pcm16_file():
     with wave.open(io.BytesIO(realtime_latency.wav_bytes(b"\x00\x01" * 240))) as wav:
         assert (wav.getframerate(), wav.getnchannels(), wav.getsampwidth()) == (24000, 1, 2)
         assert wav.getnframes() == 240
+
+
+def test_padding_widens_the_cut_but_not_before_the_start():
+    assert rr.byte_range((1.0, 2.0), 100, 0.3, 0.5) == (140, 2 * 251)
+    assert rr.byte_range((0.1, 2.0), 100, 0.3, 0.0) == (0, 2 * 201)
+
+
+def test_live_turns_against_the_uploads_exactly_and_after_the_normaliser():
+    same = rr.same_texts(
+        ["The old bridge.", "Three hours.", "A dog"], ["the old bridge", "3 hours.", "A cat"]
+    )
+    assert same == {"exact": 0, "same_words": 2, "of": 3}
+    line = rr.peer_line(
+        {"seconds": [1], "latency": {"p50": 1, "p90": 1}, "same_as_live": same}, None
+    )
+    assert line.endswith("as their sentence's upload: 0/3 exactly, 2/3 after the normaliser")

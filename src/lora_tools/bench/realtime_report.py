@@ -17,9 +17,13 @@ def chunk_sent_at(second: float, chunk_ms: int = CHUNK_MS) -> float:
     return (int(second * 1000 / chunk_ms) + 1) * chunk_ms / 1000
 
 
-def byte_range(span: tuple[float, float], rate: int) -> tuple[int, int]:
-    """The PCM16 byte offsets of `span` (seconds) in a recording at `rate`, last sample included."""
-    start, end = (int(round(second * rate)) for second in span)
+def byte_range(
+    span: tuple[float, float], rate: int, before_s: float = 0.0, after_s: float = 0.0
+) -> tuple[int, int]:
+    """The PCM16 byte offsets of `span` (seconds) in a recording at `rate`, last sample included,
+    widened by `before_s` and `after_s` (not before the recording's start)."""
+    start = max(0, int(round((span[0] - before_s) * rate)))
+    end = int(round((span[1] + after_s) * rate))
     return 2 * start, 2 * (end + 1)
 
 
@@ -56,6 +60,7 @@ def session_numbers(turns: list[dict], spans: list[tuple[float, float]]) -> dict
         "speech_to_first_delta": [],
         "retracted": 0,
         "texts": [t["text"] for t in sorted(turns, key=lambda t: t["start_s"])],
+        "turn_spans": sorted([t["start_s"], t["end_s"]] for t in turns),
     }
     for s, t in sorted(matched.items()):
         turn, (speech_start, speech_end) = turns[t], spans[s]
@@ -81,6 +86,20 @@ def merge_sessions(sessions: list[dict]) -> dict:
         "speech_to_first_delta": [v for s in sessions for v in s["speech_to_first_delta"]],
         "retracted": sum(s["retracted"] for s in sessions),
         "texts": [s["texts"] for s in sessions],
+        "turn_spans": [s["turn_spans"] for s in sessions],
+    }
+
+
+def same_texts(live: list[str], files: list[str]) -> dict:
+    """How many live turns read exactly as their sentence's file upload, and how many have the
+    same words after Whisper's English normaliser (the cuts differ by a few frames)."""
+    from lora_tools.finetune import metrics
+
+    pairs = list(zip(live, files, strict=False))
+    return {
+        "exact": sum(a == b for a, b in pairs),
+        "same_words": sum(metrics.words(a) == metrics.words(b) for a, b in pairs),
+        "of": len(files),
     }
 
 
@@ -113,10 +132,17 @@ def wer_line(wer: dict) -> str:
 def peer_line(peer: dict, live_one: dict | None) -> str:
     line = (
         f"Peer, each sentence's audio uploaded as a file after it ends (/v1/audio/transcriptions, "
-        f"1 at a time, {len(peer['seconds'])} files): upload -> text {_seconds(peer['latency'])}"
+        f"1 at a time, {len(peer['seconds'])} files, each cut as server VAD cuts a turn): "
+        f"upload -> text {_seconds(peer['latency'])}"
     )
     if live_one is not None:
         line += f"; live at 1 session, end of speech -> completed {_seconds(live_one)}"
+    same = peer.get("same_as_live")
+    if same:
+        line += (
+            f". Live turns that read as their sentence's upload: {same['exact']}/{same['of']} "
+            f"exactly, {same['same_words']}/{same['of']} after the normaliser"
+        )
     return line
 
 
