@@ -207,7 +207,7 @@ def plot(results: dict, path: Path) -> None:
             continue
         xs = [c for c, _ in points]
         ax.plot(xs, [p["p50"] for _, p in points], "o-", color=color, label=f"{label} p50")
-        ax.plot(xs, [p["p90"] for _, p in points], "o--", color=color, label=f"{label} p90")
+        ax.plot(xs, [p["p90"] for _, p in points], "^--", color=color, label=f"{label} p90")
     peer = results["peer"]["latency"]
     if peer is not None:
         ax.axhline(peer["p50"], color="grey", linewidth=1, label="file upload per turn p50")
