@@ -13,7 +13,6 @@ status, and B's p50 with A over B's p50 alone.
 import argparse
 import hashlib
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,13 +24,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from lora_serving.launcher import REPO_ROOT, OpenAIFront, TritonServer
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from lora_tools.bench.processes import whisper_front
 
 
 def _sender(url, key, model, audio, per_minute, seconds, results, start_at):
@@ -127,26 +120,7 @@ def main(argv=None) -> int:
         check=True,
     )
     audio = speech.read_bytes()
-    grpc, metrics = _free_port(), _free_port()
-    server = TritonServer(
-        REPO_ROOT / "model_repository",
-        http=_free_port(),
-        grpc=grpc,
-        metrics=metrics,
-        extra_args=["--model-control-mode=explicit", "--load-model=whisper_lora"],
-        log_path=work / "tritonserver.log",
-    )
-    front = None
-    try:
-        print(f"tritonserver ready in {server.wait_ready(timeout_s=600):.0f} s")
-        front = OpenAIFront(
-            grpc,
-            _free_port(),
-            triton_metrics=metrics,
-            log_path=work / "lora-openai.log",
-            api_keys_file=work / "keys.yaml",
-        )
-        front.wait_listening()
+    with whisper_front(work, api_keys_file=work / "keys.yaml") as front:
         for model in ("alpha", "beta", "beta"):  # load both adapters (a third key: A's and
             began = time.perf_counter()  # B's windows start empty)
             httpx.post(
@@ -176,11 +150,6 @@ def main(argv=None) -> int:
             print(f"A's 429s: p50 {statistics.median(refused) * 1000:.1f} ms")
         print(f"B p50 with A / B p50 alone: {p50_noisy / p50_alone:.3f}")
         return 0
-    finally:
-        if front is not None:
-            front.stop()
-        server.stop()
-        print(f"logs: {work}")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,55 @@
 """The bench's view of processes and ports: which pids are vLLM engines (their stubs, EngineCore and
 worker) and pausing the Triton models not being measured. Shared by run.py, inprocess.py and
-wer.py (kept out of run.py so none of them imports run.py)."""
+wer.py (kept out of run.py so none of them imports run.py), and the tritonserver + lora-openai pair
+the front's benches (noisy_neighbour, realtime_latency) start."""
 
 import contextlib
 import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def whisper_front(work: Path, **front_options) -> Iterator:
+    """tritonserver with whisper_lora alone and lora-openai in front of it (`front_options`:
+    OpenAIFront's keyword arguments); yields the front, stops both after. Logs go to `work`."""
+    from lora_serving.launcher import REPO_ROOT, OpenAIFront, TritonServer
+
+    grpc, metrics = free_port(), free_port()
+    server = TritonServer(
+        REPO_ROOT / "model_repository",
+        http=free_port(),
+        grpc=grpc,
+        metrics=metrics,
+        extra_args=["--model-control-mode=explicit", "--load-model=whisper_lora"],
+        log_path=work / "tritonserver.log",
+    )
+    front = None
+    try:
+        print(f"tritonserver ready in {server.wait_ready(timeout_s=600):.0f} s")
+        front = OpenAIFront(
+            grpc,
+            free_port(),
+            triton_metrics=metrics,
+            log_path=work / "lora-openai.log",
+            **front_options,
+        )
+        front.wait_listening()
+        yield front
+    finally:
+        if front is not None:
+            front.stop()
+        server.stop()
+        print(f"logs: {work}")
 
 
 def own_pids() -> list[int]:
