@@ -14,6 +14,8 @@ lora-client transcribe|describe ... --show curl|openai   the same request throug
 lora-client adapters rescan|load NAME [PATH]|unload NAME --model qwen_vl_lora
 lora-client live speech.wav [--adapter alpha] [--language en] [--openai-url http://...:9000/v1]
                  stream a file to lora-openai's /v1/realtime in real time: deltas, then turns
+arecord -q -t raw -f S16_LE -r 24000 -c 1 | lora-client live - [--adapter alpha]
+                 the same from a microphone (raw PCM16 mono 24 kHz on standard input)
 """
 
 import argparse
@@ -208,21 +210,22 @@ def _live(args) -> int:
     base = args.openai_url.rstrip("/")
     url = base.replace("https://", "wss://").replace("http://", "ws://") + "/realtime"
     model = openai_examples.model_id(args.model, args.adapter)
+
+    async def run() -> None:
+        if str(args.file) == "-":
+            chunks = live.pipe_chunks(sys.stdin.buffer)
+        else:
+            chunks = live.file_chunks(args.file, args.speed)
+        options = {"api_key": args.api_key, "language": args.language}
+        await live.stream(url, model, chunks, silence_ms=args.silence_ms, **options)
+
     try:
-        asyncio.run(
-            live.stream(
-                url,
-                model,
-                args.file,
-                api_key=args.api_key,
-                language=args.language,
-                silence_ms=args.silence_ms,
-                speed=args.speed,
-            )
-        )
+        asyncio.run(run())
     except (OSError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 
@@ -308,16 +311,20 @@ def main(argv: list[str] | None = None) -> int:
     describe.add_argument("--system-prompt")
     _common(describe)
     live = commands.add_parser(
-        "live", help="stream a speech file to lora-openai's /v1/realtime in real time"
+        "live", help="stream speech (a file, or - for a microphone's raw PCM) to /v1/realtime"
     )
-    live.add_argument("file", type=Path)
+    live.add_argument(
+        "file", type=Path, help="a speech file, or - for raw PCM16 mono 24 kHz on standard input"
+    )
     live.add_argument("--adapter", help="LoRA adapter name (default: the base model)")
     live.add_argument("--model", default="whisper_lora", help="Triton model name")
     live.add_argument("--language", help="language code (default: detect)")
     live.add_argument(
         "--silence-ms", type=int, default=500, help="silence that ends a turn (server VAD)"
     )
-    live.add_argument("--speed", type=float, default=1.0, help="times real time (default 1)")
+    live.add_argument(
+        "--speed", type=float, default=1.0, help="times real time, for a file (default 1)"
+    )
     live.add_argument(
         "--openai-url",
         default=openai_examples.DEFAULT_BASE_URL,

@@ -1,18 +1,29 @@
-"""`lora-client live FILE`: a speech file streamed to lora-openai's /v1/realtime at real-time
-pace (OpenAI's transcription session, server VAD), printing the partial text as it is sent
-(deltas, never retracted) and each turn once it is complete."""
+"""`lora-client live FILE|-`: speech streamed to lora-openai's /v1/realtime (OpenAI's
+transcription session, server VAD), printing the partial text as it is sent (deltas, never
+retracted) and each turn once it is complete.
+
+A file is sent at real-time pace. `-` reads raw PCM16 mono 24 kHz from standard input as it
+arrives, so a microphone is a pipe away (`arecord -q -t raw -f S16_LE -r 24000 -c 1 |
+lora-client live -`); the source paces itself. Ctrl-C (or the end of the input) stops sending,
+and the turns still being transcribed are awaited; a second Ctrl-C leaves at once."""
 
 import asyncio
 import base64
+import contextlib
 import json
+import signal
 import sys
+import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 RATE = 24000  # OpenAI's audio/pcm
 CHUNK_MS = 40
+CHUNK_BYTES = RATE * CHUNK_MS // 1000 * 2
 
 
 def pcm16(path: Path) -> bytes:
@@ -43,64 +54,115 @@ def session_update(model: str, language: str | None, silence_ms: int) -> dict:
     }
 
 
+async def file_chunks(path: Path, speed: float = 1.0) -> AsyncIterator[bytes]:
+    """`path` as PCM16 24 kHz chunks of CHUNK_MS, each sent when real time (times `speed`)
+    reaches it."""
+    pcm = pcm16(path)
+    start = time.monotonic()
+    for index, offset in enumerate(range(0, len(pcm), CHUNK_BYTES)):
+        yield pcm[offset : offset + CHUNK_BYTES]
+        due = start + (index + 1) * CHUNK_MS / 1000 / speed
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+
+
+async def pipe_chunks(source: BinaryIO) -> AsyncIterator[bytes]:
+    """Raw PCM16 from `source` (standard input) in chunks of CHUNK_MS as they arrive; a trailing
+    odd byte is dropped. A daemon thread reads, so a blocked read never holds the exit up."""
+    loop = asyncio.get_running_loop()
+    chunks: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def read() -> None:
+        while True:
+            chunk = source.read(CHUNK_BYTES)
+            loop.call_soon_threadsafe(chunks.put_nowait, chunk)
+            if len(chunk) < CHUNK_BYTES:
+                return  # end of the input
+
+    threading.Thread(target=read, daemon=True).start()
+    while True:
+        chunk = await chunks.get()
+        if len(chunk) >= 2:
+            yield chunk[: len(chunk) // 2 * 2]
+        if len(chunk) < CHUNK_BYTES:
+            return
+
+
+@contextlib.contextmanager
+def first_interrupt_sets(stop: asyncio.Event):
+    """The first Ctrl-C sets `stop` (finish what was said); the second is Python's own."""
+    loop = asyncio.get_running_loop()
+
+    def interrupted() -> None:
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, interrupted)
+    except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
 async def stream(
     url: str,
     model: str,
-    path: Path,
+    chunks: AsyncIterator[bytes],
     *,
     api_key: str | None = None,
     language: str | None = None,
     silence_ms: int = 500,
-    speed: float = 1.0,
     out=sys.stdout,
 ) -> list[str]:
-    """Stream `path`; print deltas and turns; return the completed turns' text."""
+    """Send `chunks` (PCM16 24 kHz); print deltas and turns; return the completed turns' text."""
     import websockets
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    pcm = pcm16(path)
     turns: list[str] = []
     committed: set[str] = set()
+    stop = asyncio.Event()
     async with websockets.connect(f"{url}?intent=transcription", additional_headers=headers) as ws:
         await ws.send(json.dumps(session_update(model, language, silence_ms)))
-        sent_all = asyncio.Event()
+
+        async def send(pcm: bytes) -> None:
+            audio = base64.b64encode(pcm).decode()
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
 
         async def sender():
-            chunk = RATE * CHUNK_MS // 1000 * 2
-            start = time.monotonic()
-            for index, offset in enumerate(range(0, len(pcm), chunk)):
-                audio = base64.b64encode(pcm[offset : offset + chunk]).decode()
-                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
-                due = start + (index + 1) * CHUNK_MS / 1000 / speed
-                await asyncio.sleep(max(0.0, due - time.monotonic()))
+            async for chunk in chunks:
+                if stop.is_set():
+                    break
+                await send(chunk)
             # One second of silence ends a last turn; then the end of what was sent is marked.
-            silence = base64.b64encode(bytes(RATE * 2)).decode()
-            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": silence}))
+            await send(bytes(RATE * 2))
             await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
-            sent_all.set()
 
         task = asyncio.create_task(sender())
         cleared = False
         try:
-            async for message in ws:
-                event = json.loads(message)
-                kind = event["type"]
-                if kind == "error":
-                    error = event["error"]
-                    raise RuntimeError(f"{error.get('code')}: {error.get('message')}")
-                if kind == "input_audio_buffer.committed":
-                    committed.add(event["item_id"])
-                elif kind == "conversation.item.input_audio_transcription.delta":
-                    out.write(event["delta"])
-                    out.flush()
-                elif kind == "conversation.item.input_audio_transcription.completed":
-                    turns.append(event["transcript"])
-                    out.write(f"\n[turn {len(turns)}] {event['transcript'].strip()}\n")
-                    out.flush()
-                elif kind == "input_audio_buffer.cleared":
-                    cleared = True
-                if cleared and len(turns) >= len(committed):
-                    break
+            with first_interrupt_sets(stop):
+                async for message in ws:
+                    event = json.loads(message)
+                    kind = event["type"]
+                    if kind == "error":
+                        error = event["error"]
+                        raise RuntimeError(f"{error.get('code')}: {error.get('message')}")
+                    if kind == "input_audio_buffer.committed":
+                        committed.add(event["item_id"])
+                    elif kind == "conversation.item.input_audio_transcription.delta":
+                        out.write(event["delta"])
+                        out.flush()
+                    elif kind == "conversation.item.input_audio_transcription.completed":
+                        turns.append(event["transcript"])
+                        out.write(f"\n[turn {len(turns)}] {event['transcript'].strip()}\n")
+                        out.flush()
+                    elif kind == "input_audio_buffer.cleared":
+                        cleared = True
+                    if cleared and len(turns) >= len(committed):
+                        break
         finally:
             task.cancel()
     return turns

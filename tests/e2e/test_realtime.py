@@ -9,7 +9,9 @@ the same model id, and a turn's deltas must add up to its completed text.
 """
 
 import json
+import signal
 import subprocess
+import threading
 import wave
 from pathlib import Path
 
@@ -264,6 +266,35 @@ def test_lora_client_live_prints_each_turn(front, speech):  # noqa: F811
     turns = [line for line in done.stdout.splitlines() if line.startswith("[turn ")]
     assert len(turns) == 1, done.stdout
     assert "quick brown fox" in turns[0].lower(), done.stdout
+
+
+def test_lora_client_live_reads_a_microphone_pipe_until_ctrl_c(front, recording):  # noqa: F811
+    """`arecord ... | lora-client live -`: raw PCM on standard input that never ends; the turn
+    comes back while the pipe is still open, and Ctrl-C ends the client cleanly."""
+    client = subprocess.Popen(
+        [str(REPO / ".venv" / "bin" / "lora-client"), "live", "-", "--openai-url", front],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    watchdog = threading.Timer(90, client.kill)  # a turn that never comes fails, not hangs
+    watchdog.start()
+    try:
+        # the lead, sentence one and a second of its pause: the turn ends inside it
+        client.stdin.write(recording[24000].read_bytes()[: int(5.5 * 24000) * 2])
+        client.stdin.flush()
+        lines = []
+        for line in iter(client.stdout.readline, b""):  # the pipe stays open meanwhile
+            lines.append(line.decode())
+            if line.startswith(b"[turn "):
+                break
+        assert lines and "quick brown fox" in lines[-1].lower(), lines
+        client.send_signal(signal.SIGINT)
+        assert client.wait(timeout=30) == 0, client.stderr.read().decode()
+    finally:
+        watchdog.cancel()
+        client.kill()
+        client.wait()
 
 
 def test_the_openai_sdk_realtime_client_transcribes_a_committed_turn(sdk, recording, tmp_path):

@@ -100,6 +100,7 @@ def results() -> dict:
             "live": {"wer": 0.025, "word_errors": 3, "reference_words": 120},
             "file": {"wer": 0.0333, "word_errors": 4, "reference_words": 120},
         },
+        "own_audio": {"exact": 1, "of": 1, "texts": ["One."]},
         "peer": {"seconds": [0.4, 0.6], "latency": {"p50": 0.5, "p90": 0.58}},
         "plot": "latency.png",
     }
@@ -114,6 +115,8 @@ def test_report_has_a_row_per_level_the_wer_and_the_peer():
     ]
     assert "live (completed turns joined) 2.50 % (3/120 words)" in text
     assert "3.33 % (4/120): -0.83 points, within 1 point" in text
+    assert "of their own audio (cut at the turn's VAD events, uploaded" in text
+    assert "/v1/audio/transcriptions): 1/1" in text
     assert "upload -> text 0.50 s / 0.58 s" in text
     assert "end of speech -> completed 1.00 s / 1.00 s" in text
     assert "![latency vs sessions](latency.png)" in text
@@ -146,6 +149,12 @@ def test_wav_bytes_is_a_24k_mono_pcm16_file():
     with wave.open(io.BytesIO(realtime_latency.wav_bytes(b"\x00\x01" * 240))) as wav:
         assert (wav.getframerate(), wav.getnchannels(), wav.getsampwidth()) == (24000, 1, 2)
         assert wav.getnframes() == 240
+
+
+def test_a_turn_is_cut_at_its_event_milliseconds():
+    # audio_start_ms 1234, audio_end_ms 3500 at 24 kHz: samples 29616..84000
+    assert rr.turn_byte_range((1.234, 3.5), 24000) == (2 * 29616, 2 * 84000)
+    assert rr.turn_byte_range((0.0, 0.001), 16000) == (0, 32)
 
 
 def test_padding_widens_the_cut_but_not_before_the_start():

@@ -1,6 +1,6 @@
 """Noisy neighbour on the OpenAI front: does a tenant over its rate limit slow another down?
 
-  /work/bin/engine-slot .venv/bin/python -m lora_tools.bench.noisy_neighbour [--seconds 60]
+  .venv/bin/python -m lora_tools.bench.noisy_neighbour [--seconds 60]
 
 Starts tritonserver (whisper_lora only) and lora-openai with two keys: A limited to
 `--a-rpm` requests per minute, B to `--b-rpm`. Phase 1: B alone sends transcriptions of one

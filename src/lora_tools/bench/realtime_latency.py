@@ -2,7 +2,7 @@
 delta, at 1, 4 and 8 concurrent sessions; live WER next to the file path's, and the per-turn file
 upload a user would pick instead of live.
 
-  /work/bin/engine-slot .venv/bin/python -m lora_tools.bench.realtime_latency \
+  .venv/bin/python -m lora_tools.bench.realtime_latency \
       [--sessions 1 4 8] [--out DIR]
 
 Starts tritonserver (whisper_lora only) and lora-openai. Each session is OpenAI's transcription
@@ -13,6 +13,8 @@ sentence's speech starts and ends in the recording is known (the sentences' own 
 of speech" is when the chunk holding a sentence's last sample was sent, and "speech" when its
 first was. A sentence counts only where it got a completed turn of its own (VAD start/end).
 At 1 session it also measures:
+  - each completed turn against the file transcription of that turn's own audio (cut where its
+    speech_started / speech_stopped events say), which should be equal word for word;
   - WER of the completed turns joined against the sentences, and of the same recording uploaded
     whole to /v1/audio/transcriptions (the issue's bar: within 1 point);
   - the peer: each sentence's audio (the same spans, padded as server VAD pads a turn: 300 ms
@@ -194,6 +196,25 @@ def file_measurements(base_url: str, pcm: bytes, spans) -> tuple[dict, dict]:
     return file, peer
 
 
+def own_audio_uploads(base_url: str, pcm: bytes, one: dict) -> dict:
+    """How many of the first session's completed turns equal the upload of their own audio."""
+    import httpx
+
+    with httpx.Client(timeout=600) as client:
+        texts = [
+            transcribe_file(
+                client, base_url, pcm[slice(*realtime_report.turn_byte_range(span, RATE))]
+            )[0]
+            for span in one["turn_spans"][0]
+        ]
+    live = one["texts"][0]
+    return {
+        "exact": sum(a == b for a, b in zip(live, texts, strict=True)),
+        "of": len(live),
+        "texts": texts,
+    }
+
+
 # ---- main --------------------------------------------------------------------------------------
 def _print_level(count: int, found: dict) -> None:
     def pair(values):
@@ -238,6 +259,7 @@ def main(argv=None) -> int:
         # WER at 1 session: the measured level, or the warm-up's session where 1 was not asked
         one = levels.get("1", warm)
         live_text = " ".join(one["texts"][0])
+        own_audio = own_audio_uploads(front.url, pcm, one)
         results = {
             "config": {
                 "model": MODEL,
@@ -259,11 +281,13 @@ def main(argv=None) -> int:
                 },
                 "file": file,
             },
+            "own_audio": own_audio,
             "peer": peer,
             "plot": "latency.png",
         }
         peer["same_as_live"] = realtime_report.same_texts(one["texts"][0], peer["texts"])
         print(realtime_report.wer_line(results["wer"]))
+        print(realtime_report.own_audio_line(own_audio))
         print(realtime_report.peer_line(peer, one["end_to_completed_s"]))
         (out / "results.json").write_text(json.dumps(results, indent=1))
         realtime_report.plot(results, out / "latency.png")

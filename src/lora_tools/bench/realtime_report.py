@@ -27,6 +27,13 @@ def byte_range(
     return 2 * start, 2 * (end + 1)
 
 
+def turn_byte_range(turn_span: tuple[float, float], rate: int) -> tuple[int, int]:
+    """The PCM16 byte offsets of a live turn's own audio, cut where its VAD events say
+    (`audio_start_ms`, `audio_end_ms`; kept here in seconds), as the server cuts the turn."""
+    start_ms, end_ms = (int(round(second * 1000)) for second in turn_span)
+    return start_ms * rate // 1000 * 2, end_ms * rate // 1000 * 2
+
+
 def match_turns(turns: list[tuple[float, float]], spans: list[tuple[float, float]]) -> dict:
     """span index -> turn index, for the sentences that got a turn of their own: the turn (its
     VAD start and end, seconds) overlaps that sentence's speech and no other sentence's, and no
@@ -103,6 +110,13 @@ def same_texts(live: list[str], files: list[str]) -> dict:
     }
 
 
+def own_audio_line(own: dict) -> str:
+    return (
+        f"Live turns equal to the file transcription of their own audio (cut at the turn's VAD "
+        f"events, uploaded to /v1/audio/transcriptions): {own['exact']}/{own['of']}"
+    )
+
+
 def percentiles(values: list[float]) -> dict | None:
     """p50 and p90 in seconds, None without values."""
     if not values:
@@ -170,6 +184,8 @@ def render(results: dict) -> str:
             f"| {_seconds(level['speech_to_first_delta_s'])} | {level['retracted']} |"
         )
     lines += ["", wer_line(results["wer"]), ""]
+    if results.get("own_audio"):
+        lines += [own_audio_line(results["own_audio"]), ""]
     live_one = results["levels"].get("1", {}).get("end_to_completed_s")
     lines += [peer_line(results["peer"], live_one), ""]
     if results.get("plot"):
