@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -67,24 +68,53 @@ async def file_chunks(path: Path, speed: float = 1.0) -> AsyncIterator[bytes]:
 
 async def pipe_chunks(source: BinaryIO) -> AsyncIterator[bytes]:
     """Raw PCM16 from `source` (standard input) in chunks of CHUNK_MS as they arrive; a trailing
-    odd byte is dropped. A daemon thread reads, so a blocked read never holds the exit up."""
+    odd byte is dropped. A daemon thread reads the file descriptor itself, so a read still blocked
+    at exit neither holds the exit up nor holds a buffered reader's lock (Python aborts on that)."""
     loop = asyncio.get_running_loop()
-    chunks: asyncio.Queue[bytes] = asyncio.Queue()
+    reads: asyncio.Queue[bytes] = asyncio.Queue()
+    descriptor = source.fileno()
 
     def read() -> None:
         while True:
-            chunk = source.read(CHUNK_BYTES)
-            loop.call_soon_threadsafe(chunks.put_nowait, chunk)
-            if len(chunk) < CHUNK_BYTES:
-                return  # end of the input
+            data = os.read(descriptor, CHUNK_BYTES)
+            try:
+                loop.call_soon_threadsafe(reads.put_nowait, data)
+            except RuntimeError:  # the loop is closed: the client is done
+                return
+            if not data:
+                return  # the end of the input
 
     threading.Thread(target=read, daemon=True).start()
+    pending = b""
     while True:
-        chunk = await chunks.get()
-        if len(chunk) >= 2:
-            yield chunk[: len(chunk) // 2 * 2]
-        if len(chunk) < CHUNK_BYTES:
+        data = await reads.get()
+        pending += data
+        while len(pending) >= CHUNK_BYTES or (not data and len(pending) >= 2):
+            size = min(CHUNK_BYTES, len(pending) // 2 * 2)
+            yield pending[:size]
+            pending = pending[size:]
+        if not data:
             return
+
+
+async def until(stop: asyncio.Event, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`chunks` until `stop` is set, even while the source has nothing to give: a microphone's
+    pipe stays open and quiet after Ctrl-C, so waiting for its next chunk would never end."""
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        while True:
+            following = asyncio.ensure_future(anext(chunks))
+            await asyncio.wait({following, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if stopped.done():
+                following.cancel()
+                return
+            try:
+                chunk = following.result()
+            except StopAsyncIteration:
+                return
+            yield chunk
+    finally:
+        stopped.cancel()
 
 
 @contextlib.contextmanager
@@ -132,9 +162,7 @@ async def stream(
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
 
         async def sender():
-            async for chunk in chunks:
-                if stop.is_set():
-                    break
+            async for chunk in until(stop, chunks):
                 await send(chunk)
             # One second of silence ends a last turn; then the end of what was sent is marked.
             await send(bytes(RATE * 2))

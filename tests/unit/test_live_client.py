@@ -68,3 +68,34 @@ def test_a_file_is_paced_at_real_time_times_speed(tmp_path):
     assert np.abs(sent.astype(int) - samples).max() <= 1  # float32 and back: rounding only
     assert len(chunks) == 13  # 500 ms in 40 ms chunks
     assert 0.2 <= took < 0.6  # 0.5 s of audio at twice real time
+
+
+def test_sending_stops_when_asked_though_the_source_is_quiet():
+    """After Ctrl-C a microphone's pipe stays open with nothing to read: sending ends anyway."""
+
+    async def quiet_after_one():
+        yield b"\x00\x01"
+        await asyncio.sleep(3600)
+        yield b"never"
+
+    async def run():
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.1, stop.set)
+        started = time.monotonic()
+        chunks = [chunk async for chunk in live.until(stop, quiet_after_one())]
+        return chunks, time.monotonic() - started
+
+    chunks, took = asyncio.run(run())
+    assert chunks == [b"\x00\x01"]
+    assert took < 1.0
+
+
+def test_until_passes_a_whole_source_through():
+    async def three():
+        for chunk in (b"ab", b"cd", b"ef"):
+            yield chunk
+
+    async def run():
+        return [chunk async for chunk in live.until(asyncio.Event(), three())]
+
+    assert asyncio.run(run()) == [b"ab", b"cd", b"ef"]
