@@ -361,3 +361,14 @@ async def _partials_give_way():
     await a.close()
     await b.close()
     assert budget.sessions == set() and budget.partials == 0
+
+
+def test_a_turn_is_uploaded_as_a_mono_pcm16_wav_at_its_rate():
+    import io
+    import wave
+
+    from lora_openai.realtime.transcribe import wav_file
+
+    with wave.open(io.BytesIO(wav_file(b"\x00\x01" * 240, 24000))) as wav:
+        assert (wav.getframerate(), wav.getnchannels(), wav.getsampwidth()) == (24000, 1, 2)
+        assert wav.readframes(240) == b"\x00\x01" * 240

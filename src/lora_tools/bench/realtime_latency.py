@@ -26,19 +26,18 @@ Writes results.json, report.md and latency.png to --out (default results/realtim
 import argparse
 import asyncio
 import base64
-import io
 import json
 import random
 import subprocess
 import sys
 import time
-import wave
 from pathlib import Path
 
 import numpy as np
 import soundfile
 import soxr
 
+from lora_openai.realtime.transcribe import wav_file
 from lora_serving.launcher import REPO_ROOT
 from lora_tools.bench import realtime_report, wer
 from lora_tools.bench.processes import whisper_front
@@ -73,16 +72,6 @@ def recording(work: Path) -> tuple[bytes, list[tuple[float, float]]]:
     parts.append(np.zeros(int((TAIL_S - PAUSE_S) * RATE), np.float32))
     audio = np.concatenate(parts)
     return (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes(), spans
-
-
-def wav_bytes(pcm: bytes) -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(RATE)
-        wav.writeframes(pcm)
-    return out.getvalue()
 
 
 # ---- live --------------------------------------------------------------------------------------
@@ -170,7 +159,7 @@ def transcribe_file(client, base_url: str, pcm: bytes) -> tuple[str, float]:
     started = time.perf_counter()
     reply = client.post(
         f"{base_url}/v1/audio/transcriptions",
-        files={"file": ("speech.wav", wav_bytes(pcm), "audio/wav")},
+        files={"file": ("speech.wav", wav_file(pcm, RATE), "audio/wav")},
         data={"model": MODEL, "language": "en", "response_format": "json"},
     )
     seconds = time.perf_counter() - started
