@@ -18,7 +18,7 @@ import sys
 import sysconfig
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from lora_serving import dtype_choice, weights_choice
@@ -195,6 +195,7 @@ class OpenAIFront:
         log_path: Path | None = None,
         api_keys_file: Path | None = None,
         api_key: str | None = None,
+        options: Sequence[str] = (),
     ):
         self.port, self.host = port, host
         self.log_path = log_path
@@ -213,6 +214,7 @@ class OpenAIFront:
                 "--port",
                 str(port),
                 *(["--api-keys-file", str(api_keys_file)] if api_keys_file else []),
+                *options,  # more lora-openai flags, e.g. --realtime-idle-timeout-s 1
             ],
             # A single key travels in the environment, never on a command line (ps shows those).
             env={**os.environ, **({"LORA_OPENAI_API_KEY": api_key} if api_key else {})},

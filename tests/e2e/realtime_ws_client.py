@@ -14,7 +14,8 @@ concurrently. A session: {"query": "?intent=transcription", "api_key": KEY or nu
   {"sleep": seconds}                                 wait
   {"close": true}                                    close the socket now
 Result per session: {"events": [server event + "t" (s since the session began)], "closed":
-close code or null, "refused": HTTP status of a refused handshake or null}.
+close code or null, "reason": close reason or null, "refused": HTTP status of a refused handshake
+or null}. Once the server closes the socket the remaining steps are skipped.
 """
 
 import asyncio
@@ -32,7 +33,7 @@ TIMEOUT_S = 90
 async def session(url: str, spec: dict) -> dict:
     headers = {"Authorization": f"Bearer {spec['api_key']}"} if spec.get("api_key") else {}
     received: list[dict] = []
-    result = {"events": received, "closed": None, "refused": None}
+    result = {"events": received, "closed": None, "reason": None, "refused": None}
     began = time.monotonic()
     try:
         ws = await websockets.connect(url + spec.get("query", ""), additional_headers=headers)
@@ -51,7 +52,7 @@ async def session(url: str, spec: dict) -> dict:
                     arrived.notify_all()
         except websockets.ConnectionClosed:
             pass
-        result["closed"] = ws.close_code
+        result["closed"], result["reason"] = ws.close_code, ws.close_reason
         async with arrived:
             arrived.notify_all()
 
@@ -74,28 +75,31 @@ async def session(url: str, spec: dict) -> dict:
         return committed <= done
 
     task = asyncio.create_task(reader())
-    for step in spec["steps"]:
-        if "send" in step:
-            await ws.send(json.dumps(step["send"]))
-        elif "stream" in step:
-            pcm = Path(step["stream"]).read_bytes()
-            if "seconds" in step:  # only the first seconds of the file
-                pcm = pcm[: int(step["seconds"] * step["rate"]) * 2]
-            chunk = int(step["rate"] * step.get("chunk_ms", 40) / 1000) * 2
-            start = time.monotonic()
-            for index, offset in enumerate(range(0, len(pcm), chunk)):
-                audio = base64.b64encode(pcm[offset : offset + chunk]).decode()
-                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
-                due = start + (index + 1) * step.get("chunk_ms", 40) / 1000
-                await asyncio.sleep(max(0.0, due - time.monotonic()))
-        elif "wait_for" in step:
-            await until(lambda s=step: count(s["wait_for"]) >= s.get("count", 1))
-        elif step.get("wait_until_completed"):
-            await until(all_completed)
-        elif "sleep" in step:
-            await asyncio.sleep(step["sleep"])
-        elif step.get("close"):
-            break
+    try:
+        for step in spec["steps"]:
+            if "send" in step:
+                await ws.send(json.dumps(step["send"]))
+            elif "stream" in step:
+                pcm = Path(step["stream"]).read_bytes()
+                if "seconds" in step:  # only the first seconds of the file
+                    pcm = pcm[: int(step["seconds"] * step["rate"]) * 2]
+                chunk = int(step["rate"] * step.get("chunk_ms", 40) / 1000) * 2
+                start = time.monotonic()
+                for index, offset in enumerate(range(0, len(pcm), chunk)):
+                    audio = base64.b64encode(pcm[offset : offset + chunk]).decode()
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+                    due = start + (index + 1) * step.get("chunk_ms", 40) / 1000
+                    await asyncio.sleep(max(0.0, due - time.monotonic()))
+            elif "wait_for" in step:
+                await until(lambda s=step: count(s["wait_for"]) >= s.get("count", 1))
+            elif step.get("wait_until_completed"):
+                await until(all_completed)
+            elif "sleep" in step:
+                await asyncio.sleep(step["sleep"])
+            elif step.get("close"):
+                break
+    except websockets.ConnectionClosed:
+        pass  # the server closed the session: the result says how
     await ws.close()
     await task
     return result

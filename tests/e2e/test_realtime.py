@@ -19,7 +19,13 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, load_16k, only_with_model
-from tests.e2e.test_openai_api import call, front, ok, sdk_runner  # noqa: F401 (fixture)
+from tests.e2e.test_openai_api import (  # noqa: F401 (fixture)
+    _free_port,
+    call,
+    front,
+    ok,
+    sdk_runner,
+)
 from tests.e2e.test_reliability import series, wait_for
 
 pytestmark = only_with_model("whisper_lora")
@@ -77,9 +83,9 @@ def sdk(request, front):  # noqa: F811
     return sdk_runner(request, front)
 
 
-@pytest.fixture(scope="module")
-def live(front):  # noqa: F811
-    url = front.replace("http://", "ws://").removesuffix("/v1") + "/v1/realtime"
+def live_runner(front_url: str):
+    """run(*sessions) -> each session's result (tests/e2e/realtime_ws_client.py), at this front."""
+    url = front_url.replace("http://", "ws://").removesuffix("/v1") + "/v1/realtime"
 
     def run(*sessions: dict) -> list[dict]:
         done = subprocess.run(
@@ -93,6 +99,33 @@ def live(front):  # noqa: F811
         return json.loads(done.stdout)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def live(front):  # noqa: F811
+    return live_runner(front)
+
+
+@pytest.fixture(scope="module")
+def strict_front(triton_server, tmp_path_factory):
+    """A second lora-openai on the same tritonserver, with tiny realtime limits (it holds no
+    model: it starts in about a second)."""
+    from lora_serving.launcher import OpenAIFront
+
+    log_path = tmp_path_factory.mktemp("strict") / "lora-openai.log"
+    limits = ["--realtime-max-session-s", "2", "--realtime-idle-timeout-s", "1.5"]
+    server = OpenAIFront(
+        triton_server.grpc,
+        _free_port(),
+        triton_metrics=triton_server.metrics,
+        log_path=log_path,
+        options=limits,
+    )
+    try:
+        server.wait_listening()
+        yield f"{server.url}/v1"
+    finally:
+        server.stop()
 
 
 def openai_update(model: str, rate: int = 24000, **input_fields) -> dict:
@@ -158,21 +191,36 @@ def test_turns_equal_file_transcriptions_per_adapter_in_concurrent_sessions(
         call("transcribe", file=whole, model=WHISPER),
     )
     *texts, whole_text = [ok(reference)["text"] for reference in references]
-    for start, done, text in zip(started, completed, texts, strict=True):
+    for start, done, text, file in zip(started, completed, texts, files, strict=True):
         assert done["item_id"] == start["item_id"]
-        assert done["transcript"] == text
         deltas = [e["delta"] for e in of_type(events, DELTA) if e["item_id"] == done["item_id"]]
-        assert "".join(deltas) == text, (deltas, text)
+        assert "".join(deltas) == done["transcript"], (deltas, done)  # none taken back
+        if done["transcript"] != text:
+            assert_continued(
+                sdk, deltas, done["transcript"], text, file=file, model=ADAPTER, language="en"
+            )
         assert done["usage"]["type"] == "duration"
     # vLLM's protocol, base model: one transcription from the first commit to the final one.
     base_events = base_session["events"]
     assert base_events[0]["type"] == "session.created"
     assert not of_type(base_events, "error"), of_type(base_events, "error")
     (base_done,) = of_type(base_events, "transcription.done")
-    assert base_done["text"] == whole_text
     # Partial deltas come when two re-decodes agree; on two busy cores there may be few.
     deltas = [e["delta"] for e in of_type(base_events, "transcription.delta")]
     assert "".join(deltas) == base_done["text"]
+    if base_done["text"] != whole_text:
+        assert_continued(sdk, deltas, base_done["text"], whole_text, file=whole, model=WHISPER)
+
+
+def assert_continued(sdk, deltas, completed, free_text, **upload):
+    """A turn whose whole decode changed a word already sent (two partials agreed on it): the
+    server decoded it again continuing from the sent text, and the same upload with that text as
+    Whisper's `prefix` gives what followed it."""
+    sent = "".join(deltas[:-1])  # the last delta is the rest the final decode added
+    assert sent and not free_text.startswith(sent), (deltas, completed, free_text)
+    (reply,) = sdk(call("transcribe", **upload, extra_body={"prefix": sent}))
+    joined = sent + ok(reply)["text"]
+    assert completed.replace(" ", "") == joined.replace(" ", ""), (completed, sent, joined)
 
 
 def test_bad_input_gets_error_events_and_the_session_goes_on(live, recording):
@@ -242,6 +290,42 @@ def test_a_client_gone_mid_turn_leaves_no_engine_work(live, recording, triton_se
         lambda: series(triton_server, "lora_requests_running", **labels) == 0,
         10,
         "the engine still runs the decode of a closed session",
+    )
+
+
+def test_sessions_past_their_limits_get_an_error_naming_it_and_are_closed(
+    strict_front, recording, triton_server
+):
+    """Over the audio a session may send, and silent past the idle timeout: an error event that
+    names the limit, a close (1008) whose reason is its code, and no engine work left behind."""
+    long, idle = live_runner(strict_front)(
+        {
+            "steps": [
+                {"send": {"type": "session.update", "model": WHISPER}},
+                {"send": {"type": "input_audio_buffer.commit"}},  # a turn is decoding meanwhile
+                {"stream": str(recording[16000]), "rate": 16000, "chunk_ms": 100, "seconds": 4},
+                {"wait_for": "error"},
+            ]
+        },
+        {
+            "query": "?intent=transcription",
+            "steps": [{"send": openai_update(ADAPTER)}, {"sleep": 4}],
+        },
+    )
+    (error,) = of_type(long["events"], "error")
+    assert error["code"] == "session_limit"
+    assert "over 2 s of audio (limit realtime_max_session_s)" in error["error"], error
+    assert (long["closed"], long["reason"]) == (1008, "session_limit")
+    (error,) = of_type(idle["events"], "error")
+    assert error["error"]["code"] == "idle_timeout"
+    assert "(limit realtime_idle_timeout_s)" in error["error"]["message"]
+    assert error["t"] >= 1.5
+    assert (idle["closed"], idle["reason"]) == (1008, "idle_timeout")
+    labels = {"model": WHISPER, "adapter": "(base)"}
+    wait_for(
+        lambda: series(triton_server, "lora_requests_running", **labels) == 0,
+        10,
+        "the engine still runs a decode of the session closed at its limit",
     )
 
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from lora_openai.app import FrontSettings, create_app
 from lora_openai.realtime import events
-from lora_openai.realtime.agreement import LocalAgreement
+from lora_openai.realtime.agreement import LocalAgreement, continued
 from lora_openai.realtime.events import OPENAI, VLLM, ProtocolError, SessionConfig
 from lora_openai.realtime.turns import (
     FRAME_MS,
@@ -42,6 +42,53 @@ def test_a_final_text_that_changed_a_sent_word_adds_nothing():
     assert agreement.update(" Hello there world again") == " Hello there world"
     assert agreement.finish(" Hello, their world again.") == ""
     assert agreement.sent == " Hello there world"
+
+
+def test_a_decode_continued_from_the_sent_text_is_joined_as_words():
+    assert continued("the lazy dog.", "Please call Stella.") == "the lazy dog. Please call Stella."
+    assert continued("Hello there", ", world.") == "Hello there, world."
+    assert continued("Hello there ", "world") == "Hello there world"
+    assert continued("Hello there", "  ") == "Hello there"
+    assert continued("", "Hello") == "Hello"
+
+
+def test_a_final_decode_that_changed_a_sent_word_is_decoded_again_after_the_sent_text():
+    asyncio.run(_final_continues_the_sent_text())
+
+
+async def _final_continues_the_sent_text():
+    from lora_openai.realtime.session import LiveSession, RealtimeLimits
+
+    sent, calls = [], []
+    partials = iter(["Hello there world", "Hello there world again"])
+
+    async def send(event):
+        sent.append(event)
+
+    async def transcribe(pcm, rate, config, final, *, prefix=None):
+        calls.append((final, prefix))
+        if prefix is not None:
+            return "again, friends."  # what follows the sent text
+        return "Hello, their world again, friends." if final else next(partials)
+
+    limits = RealtimeLimits(partial_every_s=1.0, max_ahead_s=100)
+    session = LiveSession(
+        OPENAI, SessionConfig(rate=16000, turn_detection=None), send, transcribe, limits
+    )
+    for _ in range(2):
+        await session.append(bytes(16000 * 2))  # one more second: a partial decode
+        await asyncio.sleep(0.01)
+    await session.commit()
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    # the billed decode once, then the turn again continuing from what was sent (not billed)
+    assert calls[-2:] == [(True, None), (False, "Hello there world")]
+    deltas = [e["delta"] for e in sent if e["type"].endswith(".delta")]
+    (completed,) = [e for e in sent if e["type"].endswith(".completed")]
+    assert deltas[0] == "Hello there world"
+    assert completed["transcript"] == "Hello there world again, friends."
+    assert "".join(deltas) == completed["transcript"]  # nothing sent was taken back
+    await session.close()
 
 
 # ---- turn detection ----------------------------------------------------------------------------

@@ -5,10 +5,14 @@ hypotheses agree on it and on every word before it; the last word of the newest 
 never stable (the audio may cut it). Only stable text is sent, as deltas that are character
 prefixes of the hypothesis text, so their concatenation is always a prefix of what was decoded.
 At the end of the turn the whole decode is the truth: `finish` gives the rest of it when the
-sent text is its prefix (the usual case), "" when the final decode changed a sent word.
+sent text is its prefix (the usual case), "" when the final decode changed a sent word. That can
+happen (two partials agreed on a word the whole turn decodes otherwise), so the session then
+decodes the turn again continuing from the sent text (Whisper's `prefix`) and completes the turn
+with `continued(sent, that decode)`: a delta is never retracted.
 """
 
 import re
+import unicodedata
 
 _WORD = re.compile(r"\S+")
 
@@ -52,3 +56,13 @@ class LocalAgreement:
             return ""
         delta, self.sent = final_text[len(self.sent) :], final_text
         return delta
+
+
+def continued(sent: str, continuation: str) -> str:
+    """The turn's text when its decode was made to continue from `sent`: a space between the two
+    unless the continuation starts with punctuation (the transcript's text comes stripped)."""
+    rest = continuation.strip()
+    if not rest or not sent:
+        return sent + rest
+    joined = sent[-1].isspace() or unicodedata.category(rest[0]).startswith("P")
+    return sent + rest if joined else f"{sent} {rest}"

@@ -77,14 +77,18 @@ class _Connection:
         if self.websocket.application_state == WebSocketState.CONNECTED:
             await self.websocket.send_text(json.dumps(event, ensure_ascii=False))
 
-    async def _transcribe(self, pcm: bytes, rate: int, config: SessionConfig, final: bool) -> str:
+    async def _transcribe(
+        self, pcm: bytes, rate: int, config: SessionConfig, final: bool, *, prefix=None
+    ) -> str:
         if self.model is None:
             raise ProtocolError(
                 "no model: send session.update with the transcription model first",
                 "model_not_validated",
                 "model",
             )
-        return await transcribe(self.front, self.caller, self.model, pcm, rate, config, final)
+        return await transcribe(
+            self.front, self.caller, self.model, pcm, rate, config, final, prefix=prefix
+        )
 
     async def run(self) -> None:
         await self.send(self._created())

@@ -19,11 +19,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from lora_openai.realtime import events
-from lora_openai.realtime.agreement import LocalAgreement
+from lora_openai.realtime.agreement import LocalAgreement, continued
 from lora_openai.realtime.events import OPENAI, VLLM, ProtocolError, SessionConfig
 from lora_openai.realtime.turns import FRAME_MS, SpeechStarted, SpeechStopped, TurnDetector
 from lora_openai.realtime.vad import StreamingVad, to_vad_rate
@@ -80,7 +81,21 @@ class Turn:
 
 
 Send = Callable[[dict], Awaitable[None]]
-Transcribe = Callable[[bytes, int, SessionConfig, bool], Awaitable[str]]
+
+
+class Transcribe(Protocol):
+    """A turn's audio -> its text (router: through the file-upload path); `final` bills it,
+    `prefix` makes the decode continue from that text."""
+
+    def __call__(
+        self,
+        pcm: bytes,
+        rate: int,
+        config: SessionConfig,
+        final: bool,
+        *,
+        prefix: str | None = None,
+    ) -> Awaitable[str]: ...
 
 
 class LiveSession:
@@ -317,8 +332,15 @@ class LiveSession:
 
     async def _final_decode(self, turn: Turn, pcm: bytes, config: SessionConfig) -> None:
         seconds = len(pcm) / 2 / config.rate
+        sent = turn.agreement.sent
         try:
             text = await self._transcribe(pcm, config.rate, config, True)
+            if not text.startswith(sent):
+                # Two partials agreed on a word the whole turn decodes otherwise: decode it again
+                # continuing from what was sent (not billed twice), so no delta is retracted.
+                log.warning("realtime turn %s: decoded again after the sent text", turn.item_id)
+                rest = await self._transcribe(pcm, config.rate, config, False, prefix=sent)
+                text = continued(sent, rest)
         except asyncio.CancelledError:
             raise
         except ProtocolError as err:
@@ -336,8 +358,6 @@ class LiveSession:
         rest = turn.agreement.finish(text)
         if rest:
             await self._send(self._delta(turn, rest))
-        elif turn.agreement.sent != text:
-            log.warning("realtime turn %s: the final text changed a sent delta", turn.item_id)
         await self._send(self._completed(turn, text, seconds))
 
     def _delta(self, turn: Turn, delta: str) -> dict:

@@ -39,14 +39,18 @@ async def transcribe(
     rate: int,
     config: SessionConfig,
     final: bool,
+    *,
+    prefix: str | None = None,
 ) -> str:
-    """The text of `pcm`; a final (billed) decode counts the audio as a file upload does."""
+    """The text of `pcm`; a final (billed) decode counts the audio as a file upload does. With
+    `prefix`, the decode continues from that text and gives what follows it."""
     request = SpeechRequest(
         task="transcribe",
         model=model.id,
         audio=wav_file(pcm, rate),
         language=config.transcription.language,
         prompt=config.transcription.prompt,
+        decoding={"prefix": prefix} if prefix else {},
     )
     seconds = len(pcm) / 2 / rate
     try:
