@@ -8,12 +8,14 @@ same request sent over gRPC with tritonclient: equal text, segments and token co
 """
 
 import base64
+import contextlib
 import json
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from lora_client.requests import transcription_fields
@@ -50,20 +52,32 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def front(triton_server, tmp_path_factory):
+@contextlib.contextmanager
+def front_on(triton_server, folder: Path, **options):
+    """A lora-openai on the shared tritonserver (it holds no model: it starts in about a
+    second), its log in `folder`; `options`: OpenAIFront's keyword arguments."""
     from lora_serving.launcher import OpenAIFront
 
-    log_path = tmp_path_factory.mktemp("openai") / "lora-openai.log"
+    log_path = folder / "lora-openai.log"
     server = OpenAIFront(
-        triton_server.grpc, _free_port(), triton_metrics=triton_server.metrics, log_path=log_path
+        triton_server.grpc,
+        _free_port(),
+        triton_metrics=triton_server.metrics,
+        log_path=log_path,
+        **options,
     )
     try:
         server.wait_listening()
-        yield f"{server.url}/v1"
+        yield server
     finally:
         server.stop()
         print(f"lora-openai log: {log_path}")
+
+
+@pytest.fixture(scope="module")
+def front(triton_server, tmp_path_factory):
+    with front_on(triton_server, tmp_path_factory.mktemp("openai")) as server:
+        yield f"{server.url}/v1"
 
 
 def sdk_runner(request, base_url: str):

@@ -25,7 +25,7 @@ from lora_client.requests import (
 )
 
 from tests.conftest import only_with_model
-from tests.e2e.test_openai_api import SENTENCE, _free_port, call, ok, sdk_runner
+from tests.e2e.test_openai_api import SENTENCE, call, front_on, ok, sdk_runner
 from tests.e2e.triton_calls import grpc_one
 
 pytestmark = only_with_model("whisper_lora")
@@ -44,8 +44,6 @@ def secret(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def front(triton_server, tmp_path_factory):
-    from lora_serving.launcher import OpenAIFront
-
     folder = tmp_path_factory.mktemp("tenants")
     keys = folder / "keys.yaml"
     entries = [
@@ -53,20 +51,8 @@ def front(triton_server, tmp_path_factory):
         for name, entry in KEYS.items()
     ]
     keys.write_text(yaml.safe_dump({"keys": entries}))
-    log_path = folder / "lora-openai.log"
-    server = OpenAIFront(
-        triton_server.grpc,
-        _free_port(),
-        triton_metrics=triton_server.metrics,
-        log_path=log_path,
-        api_keys_file=keys,
-    )
-    try:
-        server.wait_listening()
+    with front_on(triton_server, folder, api_keys_file=keys) as server:
         yield server
-    finally:
-        server.stop()
-        print(f"lora-openai log: {log_path}")
 
 
 @pytest.fixture(scope="module")

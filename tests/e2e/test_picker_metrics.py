@@ -20,7 +20,7 @@ import pytest
 
 from lora_tools.bench.picker import EndpointMetrics, read_endpoint_metrics
 from tests.conftest import REPO, _test_models, only_with_model
-from tests.e2e.test_openai_api import _free_port
+from tests.e2e.test_openai_api import front_on
 
 MODEL = "whisper_lora"
 QWEN = "qwen_vl_lora"
@@ -41,18 +41,8 @@ pytestmark = [only_with_model(MODEL), only_with_model(QWEN)]
 
 @pytest.fixture(scope="module")
 def front(triton_server, tmp_path_factory):
-    from lora_serving.launcher import OpenAIFront
-
-    log_path = tmp_path_factory.mktemp("picker") / "lora-openai.log"
-    server = OpenAIFront(
-        triton_server.grpc, _free_port(), triton_metrics=triton_server.metrics, log_path=log_path
-    )
-    try:
-        server.wait_listening()
+    with front_on(triton_server, tmp_path_factory.mktemp("picker")) as server:
         yield server.url
-    finally:
-        server.stop()
-        print(f"lora-openai log: {log_path}")
 
 
 def scrape(url: str) -> EndpointMetrics:

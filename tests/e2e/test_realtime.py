@@ -20,9 +20,9 @@ import pytest
 
 from tests.conftest import REPO, load_16k, only_with_model
 from tests.e2e.test_openai_api import (  # noqa: F401 (fixture)
-    _free_port,
     call,
     front,
+    front_on,
     ok,
     sdk_runner,
 )
@@ -110,22 +110,9 @@ def live(front):  # noqa: F811
 def strict_front(triton_server, tmp_path_factory):
     """A second lora-openai on the same tritonserver, with tiny realtime limits (it holds no
     model: it starts in about a second)."""
-    from lora_serving.launcher import OpenAIFront
-
-    log_path = tmp_path_factory.mktemp("strict") / "lora-openai.log"
     limits = ["--realtime-max-session-s", "2", "--realtime-idle-timeout-s", "1.5"]
-    server = OpenAIFront(
-        triton_server.grpc,
-        _free_port(),
-        triton_metrics=triton_server.metrics,
-        log_path=log_path,
-        options=limits,
-    )
-    try:
-        server.wait_listening()
+    with front_on(triton_server, tmp_path_factory.mktemp("strict"), options=limits) as server:
         yield f"{server.url}/v1"
-    finally:
-        server.stop()
 
 
 def openai_update(model: str, rate: int = 24000, **input_fields) -> dict:
