@@ -216,8 +216,14 @@ def _live(args) -> int:
             chunks = live.pipe_chunks(sys.stdin.buffer)
         else:
             chunks = live.file_chunks(args.file, args.speed)
-        options = {"api_key": args.api_key, "language": args.language}
-        await live.stream(url, model, chunks, silence_ms=args.silence_ms, **options)
+        await live.stream(
+            url,
+            model,
+            chunks,
+            api_key=args.api_key,
+            language=args.language,
+            silence_ms=args.silence_ms,
+        )
 
     try:
         asyncio.run(run())
